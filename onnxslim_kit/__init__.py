@@ -1,0 +1,83 @@
+"""onnxslim_kit: compress ONNX models with verified, framework-agnostic graph passes.
+
+Python API::
+
+    import onnxslim_kit
+    proto, report = onnxslim_kit.optimize("model.onnx", passes="fuse,prune(ratio=0.3)")
+    print(report.table())
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from .calibration import CalibrationFeed, input_specs
+from .errors import SlimError, UserError, VerificationError
+from .model import Model, load_proto, save_proto
+from .pipeline import Option, Pass, PassContext, PassResult, PassSpec, parse_pass_list, register_pass, run_pipeline
+from .report import Report
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "optimize", "Model", "Pass", "PassResult", "PassContext", "Option", "register_pass",
+    "CalibrationFeed", "Report", "SlimError", "UserError", "VerificationError", "save_proto", "load_proto",
+]
+
+
+def _specs(passes) -> list:
+    if isinstance(passes, str):
+        return parse_pass_list(passes)
+    specs = []
+    for item in passes:
+        if isinstance(item, str):
+            specs.extend(parse_pass_list(item))
+        else:
+            name, options = item
+            specs.append(PassSpec(name, {k: v for k, v in options.items()}))
+    return specs
+
+
+def optimize(
+    model,
+    passes="fuse",
+    *,
+    calib=None,
+    input_shapes: dict | None = None,
+    num_samples: int = 8,
+    seed: int = 0,
+    verify: bool = True,
+    strict: bool = False,
+    rtol: float = 1e-4,
+    verify_samples: int = 4,
+    progress=None,
+    log=None,
+) -> tuple:
+    """Run ``passes`` on ``model`` (a path or ModelProto); return ``(ModelProto, Report)``.
+
+    ``passes``: ``"fuse,prune(ratio=0.3)"`` or a list of such strings or ``(name, {option: value})``.
+    ``calib``: path (.npz/.npy/folder), a list of ``{input: array}`` dicts, or a callable
+    returning an iterable of them; ``None`` generates ``num_samples`` random samples.
+    """
+    if isinstance(model, (str, Path)):
+        input_path = str(model)
+        proto = load_proto(model)
+    elif isinstance(model, onnx.ModelProto):
+        input_path = None
+        proto = model
+    else:
+        raise UserError(f"optimize() takes a path or an onnx.ModelProto, not {type(model).__name__}")
+    feed = CalibrationFeed(input_specs(proto), calib, input_shapes, num_samples=num_samples, seed=seed)
+    kwargs = {}
+    if progress is not None:
+        kwargs["progress"] = progress
+    if log is not None:
+        kwargs["log"] = log
+    result, report = run_pipeline(
+        proto, _specs(passes), feed, verify=verify, strict=strict, rtol=rtol,
+        verify_samples=verify_samples, **kwargs,
+    )
+    report.input_path = input_path
+    return result, report

@@ -1,0 +1,46 @@
+"""Intermediate tensors on real data: expose named tensors as extra graph outputs and run.
+
+Used by data-driven passes (int8 calibration, prune importance and re-fit, data-aware SVD,
+fp16 overflow search). Only main-graph tensors can be exposed; subgraph-local tensors are
+not visible from outside their If/Loop body.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import onnx
+
+from .runtime import make_session, run
+
+
+def with_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """A copy of ``proto`` whose graph also outputs ``names`` (types taken from value_info when known)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    existing = {o.name for o in out.graph.output}
+    known = {v.name: v for v in list(out.graph.value_info) + list(out.graph.input)}
+    for name in names:
+        if name in existing:
+            continue
+        if name in known:
+            out.graph.output.append(known[name])
+        else:
+            out.graph.output.append(onnx.ValueInfoProto(name=name))
+        existing.add(name)
+    return out
+
+
+def iter_activations(
+    proto: onnx.ModelProto,
+    names: list,
+    samples: Iterable[dict],
+    opt_level: str = "disable",
+    threads: int = 0,
+) -> Iterator[dict]:
+    """For each sample, ``{name: array}`` of the requested tensors (graph outputs included)."""
+    session = make_session(with_outputs(proto, names), opt_level=opt_level, threads=threads)
+    wanted = set(names)
+    for sample in samples:
+        values = run(session, sample)
+        yield {k: v for k, v in values.items() if k in wanted}

@@ -1,0 +1,224 @@
+"""The data feed: one re-iterable source of input samples for calibration, importance
+scoring, re-fitting and verification.
+
+Sources (``CalibrationFeed(specs, source)``):
+
+* ``None`` — samples generated from the input spec, deterministic (seeded): float inputs
+  ~ N(0, 1), integer inputs uniform in [0, 16) (valid token ids, byte values, indices),
+  booleans fair coin flips.
+* a ``.npz`` file — keys are input names; an array whose rank is the input's rank + 1 is a
+  stack of samples along axis 0, otherwise the file is one sample.
+* a ``.npy`` file — the same, for single-input models.
+* a folder — every ``.npz``/``.npy`` in it, in sorted name order.
+* a Python sequence of ``{input name: array}`` dicts, or a callable returning an iterable
+  of them (called again on each pass over the data).
+
+Dynamic dimensions are fixed by ``input_shapes`` (``{"x": [1, 3, 224, 224]}``); when not
+given, a leading symbolic dimension is taken as batch 1 and any other as 64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import onnx
+
+from .errors import UserError
+
+DEFAULT_DYNAMIC_DIM = 64
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    shape: tuple  # ints, or str/None for dynamic dimensions
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+def input_specs(proto: onnx.ModelProto) -> list:
+    """The graph inputs that are real inputs (initializers listed as inputs excluded)."""
+    initializers = {t.name for t in proto.graph.initializer}
+    specs = []
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        ttype = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise UserError(f"input {value.name!r} is not a tensor (sequences/maps are not supported)")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type) if ttype.elem_type else np.dtype(np.float32)
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim
+        )
+        specs.append(InputSpec(value.name, np.dtype(dtype), shape))
+    return specs
+
+
+def parse_input_shapes(items: Iterable[str]) -> dict:
+    """``["x:1,3,224,224", "ids:1,128"]`` → ``{"x": [1, 3, 224, 224], "ids": [1, 128]}``."""
+    shapes = {}
+    for item in items or []:
+        name, sep, dims = item.rpartition(":")
+        if not sep or not name:
+            raise UserError(f"--input-shape {item!r}: expected name:d1,d2,... (e.g. x:1,3,224,224)")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()] if dims.strip() else []
+        except ValueError:
+            raise UserError(f"--input-shape {item!r}: dimensions must be integers") from None
+    return shapes
+
+
+class CalibrationFeed:
+    """Re-iterable samples (``dict`` of input name → array)."""
+
+    def __init__(
+        self,
+        specs: list,
+        source=None,
+        input_shapes: dict | None = None,
+        num_samples: int = 8,
+        seed: int = 0,
+    ):
+        self.specs = list(specs)
+        self.input_shapes = dict(input_shapes or {})
+        unknown = set(self.input_shapes) - {s.name for s in self.specs}
+        if unknown:
+            raise UserError(
+                f"--input-shape names {', '.join(sorted(unknown))} which are not inputs; "
+                f"inputs: {', '.join(s.name for s in self.specs)}"
+            )
+        for spec in self.specs:
+            if spec.name in self.input_shapes and len(self.input_shapes[spec.name]) != spec.rank:
+                raise UserError(
+                    f"--input-shape {spec.name}: rank {len(self.input_shapes[spec.name])}, "
+                    f"the model's input has rank {spec.rank}"
+                )
+        self.num_samples = num_samples
+        self.seed = seed
+        self.generated = source is None
+        self._factory = self._make_factory(source)
+
+    # --- public ------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self._factory())
+
+    def take(self, n: int) -> list:
+        out = []
+        for sample in self:
+            if len(out) >= n:
+                break
+            out.append(sample)
+        return out
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def concrete_shape(self, spec: InputSpec) -> list:
+        if spec.name in self.input_shapes:
+            return list(self.input_shapes[spec.name])
+        return [
+            d if isinstance(d, int) and d > 0 else (1 if i == 0 else DEFAULT_DYNAMIC_DIM)
+            for i, d in enumerate(spec.shape)
+        ]
+
+    # --- sources -----------------------------------------------------------------
+    def _make_factory(self, source) -> Callable[[], Iterable[dict]]:
+        if source is None:
+            return self._generated
+        if callable(source):
+            return lambda: (self._checked(s) for s in source())
+        if isinstance(source, (str, Path)):
+            samples = self._load_path(Path(source))
+            return lambda: iter(samples)
+        if isinstance(source, dict):
+            samples = self._split(source, "calibration dict")
+            return lambda: iter(samples)
+        samples = [self._checked(s) for s in source]
+        return lambda: iter(samples)
+
+    def _generated(self) -> Iterator[dict]:
+        rng = np.random.default_rng(self.seed)
+        for _ in range(self.num_samples):
+            sample = {}
+            for spec in self.specs:
+                shape = self.concrete_shape(spec)
+                kind = spec.dtype.kind
+                if kind == "f":
+                    sample[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+                elif kind in "iu":
+                    sample[spec.name] = rng.integers(0, 16, size=shape).astype(spec.dtype)
+                elif kind == "b":
+                    sample[spec.name] = rng.random(shape) < 0.5
+                else:
+                    raise UserError(
+                        f"cannot generate data for input {spec.name!r} of type {spec.dtype}; pass --calib"
+                    )
+            yield sample
+
+    def _load_path(self, path: Path) -> list:
+        if not path.exists():
+            raise UserError(f"--calib {path}: no such file or folder")
+        files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy")) if path.is_dir() else [path]
+        if not files:
+            raise UserError(f"--calib {path}: the folder holds no .npz or .npy files")
+        samples = []
+        for file in files:
+            samples.extend(self._split(self._read(file), str(file)))
+        return samples
+
+    def _read(self, file: Path) -> dict:
+        try:
+            if file.suffix == ".npz":
+                with np.load(file, allow_pickle=False) as data:
+                    return {key: data[key] for key in data.files}
+            if file.suffix == ".npy":
+                if len(self.specs) != 1:
+                    raise UserError(
+                        f"--calib {file}: a .npy file can only feed a single-input model; "
+                        f"this model has inputs {', '.join(s.name for s in self.specs)} (use .npz)"
+                    )
+                return {self.specs[0].name: np.load(file, allow_pickle=False)}
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--calib {file}: unreadable ({exc})") from None
+        raise UserError(f"--calib {file}: expected a .npz or .npy file")
+
+    def _split(self, arrays: dict, where: str) -> list:
+        """One sample, or a stack of samples (rank + 1) split along axis 0."""
+        names = {s.name for s in self.specs}
+        missing = names - set(arrays)
+        if missing:
+            raise UserError(
+                f"{where}: missing inputs {', '.join(sorted(missing))}; keys must be the input names "
+                f"({', '.join(s.name for s in self.specs)})"
+            )
+        stacked = {s.name: np.asarray(arrays[s.name]).ndim == s.rank + 1 for s in self.specs}
+        if all(stacked.values()) and self.specs:
+            count = len(arrays[self.specs[0].name])
+            return [self._checked({s.name: arrays[s.name][i] for s in self.specs}, where) for i in range(count)]
+        return [self._checked({s.name: arrays[s.name] for s in self.specs}, where)]
+
+    def _checked(self, sample: dict, where: str = "calibration sample") -> dict:
+        out = {}
+        for spec in self.specs:
+            if spec.name not in sample:
+                raise UserError(f"{where}: no value for input {spec.name!r}")
+            value = np.asarray(sample[spec.name])
+            if value.ndim != spec.rank:
+                raise UserError(f"{where}: input {spec.name!r} has rank {value.ndim}, the model expects {spec.rank}")
+            for axis, (got, want) in enumerate(zip(value.shape, spec.shape)):
+                if isinstance(want, int) and want > 0 and got != want:
+                    raise UserError(
+                        f"{where}: input {spec.name!r} dimension {axis} is {got}, the model expects {want}"
+                    )
+            if value.dtype != spec.dtype:
+                if value.dtype.kind != spec.dtype.kind and not (value.dtype.kind in "iu" and spec.dtype.kind in "iu"):
+                    raise UserError(f"{where}: input {spec.name!r} is {value.dtype}, the model expects {spec.dtype}")
+                value = value.astype(spec.dtype)
+            out[spec.name] = value
+        return out

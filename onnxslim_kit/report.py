@@ -1,0 +1,182 @@
+"""What a run did, as numbers: per-pass statistics, a terminal table, and JSON.
+
+``model_stats`` counts nodes by op type (subgraphs included), parameters (elements of all
+initializers and Constant-node tensors) and the serialized size in bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _graphs(sub)
+
+
+def _elements(tensor: onnx.TensorProto) -> int:
+    return int(np.prod(tensor.dims)) if len(tensor.dims) else 1
+
+
+def model_stats(proto: onnx.ModelProto) -> dict:
+    ops, params = Counter(), 0
+    for graph in _graphs(proto.graph):
+        params += sum(_elements(t) for t in graph.initializer)
+        for node in graph.node:
+            ops[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
+            if node.op_type == "Constant":
+                params += sum(_elements(a.t) for a in node.attribute if a.type == onnx.AttributeProto.TENSOR)
+    return {
+        "nodes": sum(ops.values()),
+        "ops": dict(sorted(ops.items())),
+        "params": params,
+        "bytes": proto.ByteSize(),
+    }
+
+
+@dataclass
+class PassReport:
+    name: str
+    options: dict
+    lossless: bool
+    modified: bool
+    rewrites: dict
+    skipped: dict
+    notes: list
+    metrics: dict
+    seconds: float
+    before: dict
+    after: dict = field(default_factory=dict)
+    verification: dict | None = None
+    rolled_back: bool = False
+
+    def finish(self, after: dict) -> "PassReport":
+        self.after = after
+        return self
+
+
+@dataclass
+class Report:
+    passes: list = field(default_factory=list)
+    before: dict = field(default_factory=dict)
+    after: dict = field(default_factory=dict)
+    load_notes: list = field(default_factory=list)
+    original_check: str | None = None
+    input_path: str | None = None
+    output_path: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.rolled_back for p in self.passes)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_json_default)
+
+    def table(self) -> str:
+        return render_table(self)
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    return str(value)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _verification_cell(entry: PassReport) -> str:
+    v = entry.verification
+    if not entry.modified:
+        return "unchanged"
+    if v is None:
+        return "not verified"
+    outs = v.get("outputs") or {}
+    if entry.rolled_back:
+        return f"ROLLED BACK: {v.get('message') or _drift_text(outs)}"
+    if v["status"] == "unverified":
+        return "checker only (ORT cannot run original)"
+    return f"{v['status']}: {_drift_text(outs)}"
+
+
+def _drift_text(outs: dict) -> str:
+    if not outs:
+        return ""
+    rel = max(d["max_rel"] for d in outs.values())
+    cos = min(d["cosine"] for d in outs.values())
+    top1 = [d["top1"] for d in outs.values() if d.get("top1") is not None]
+    text = f"rel {rel:.1e}, cos {cos:.6f}"
+    if top1:
+        text += f", top1 {min(top1) * 100:.1f}%"
+    return text
+
+
+def _op_changes(before: dict, after: dict, limit: int = 6) -> str:
+    ops = set(before["ops"]) | set(after["ops"])
+    changes = []
+    for op in sorted(ops):
+        b, a = before["ops"].get(op, 0), after["ops"].get(op, 0)
+        if a != b:
+            changes.append((abs(a - b), f"{op} {b}→{a}"))
+    changes.sort(key=lambda c: -c[0])
+    text = ", ".join(c[1] for c in changes[:limit])
+    return text + (", …" if len(changes) > limit else "")
+
+
+def render_table(report: Report) -> str:
+    rows = [("pass", "nodes", "params", "size", "time", "verification")]
+    b = report.before
+    rows.append(("(input)", str(b.get("nodes", "")), f"{b.get('params', 0):,}", _size(b.get("bytes", 0)), "", ""))
+    for p in report.passes:
+        rows.append((
+            p.name,
+            f"{p.before['nodes']}→{p.after['nodes']}",
+            f"{p.after['params']:,}",
+            _size(p.after["bytes"]),
+            f"{p.seconds:.2f}s",
+            _verification_cell(p),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for p in report.passes:
+        details = []
+        if p.rewrites:
+            details.append("rewrites: " + ", ".join(f"{k} ×{v}" for k, v in sorted(p.rewrites.items())))
+        if p.skipped:
+            details.append("skipped: " + ", ".join(f"{k} ×{v}" for k, v in sorted(p.skipped.items())))
+        ops = _op_changes(p.before, p.after)
+        if ops:
+            details.append("ops: " + ops)
+        details.extend(p.notes)
+        if details:
+            lines.append(f"{p.name}:")
+            lines.extend(f"  {d}" for d in details)
+    for note in report.load_notes:
+        lines.append(f"load: {note}")
+    if report.original_check:
+        lines.append(f"note: the original model fails the onnx checker ({report.original_check})")
+    return "\n".join(lines)

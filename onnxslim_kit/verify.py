@@ -1,0 +1,97 @@
+"""Verification of a candidate model against the original.
+
+Two checks, in order:
+
+1. ``onnx.checker.check_model(full_check=True)`` — only required when the original passes it
+   too (some exporters write models the checker rejects but ONNX Runtime runs).
+2. ONNX Runtime, all of its own graph optimisations disabled (so its fusions cannot hide or
+   cause a difference), original vs candidate on the same sample inputs; per output the
+   worst :class:`~onnxslim_kit.metrics.Drift` over the samples.
+
+Statuses: ``ok`` (within tolerance), ``drift`` (lossy pass, numbers recorded),
+``failed`` (lossless pass beyond tolerance), ``invalid`` (checker or ONNX Runtime rejects the
+candidate while accepting the original), ``unverified`` (ONNX Runtime cannot run the
+original either, e.g. custom-domain ops: only the checker ran).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from .metrics import compare, merge, within_tolerance
+from .model import needs_external_data
+from .runtime import make_session, run
+
+
+def checker_error(proto: onnx.ModelProto) -> str | None:
+    """The checker's complaint about ``proto`` (None when it passes)."""
+    if needs_external_data(proto):
+        return None  # the checker needs a path for >2 GB models; ORT still runs below
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # noqa: BLE001 - the checker raises several types
+        return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    return None
+
+
+@dataclass
+class Check:
+    status: str
+    outputs: dict = field(default_factory=dict)  # output name -> Drift dict
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "message": self.message, "outputs": self.outputs}
+
+    def summary(self) -> str:
+        if self.message:
+            return self.message
+        worst = max((d.get("max_rel") or 0.0 for d in self.outputs.values()), default=0.0)
+        cos = min((d.get("cosine") for d in self.outputs.values() if d.get("cosine") is not None), default=1.0)
+        return f"max rel err {worst:.2e}, min cosine {cos:.6f}"
+
+
+class Verifier:
+    """Holds the original's outputs on the samples; checks candidates against them."""
+
+    def __init__(self, original: onnx.ModelProto, samples: list, rtol: float = 1e-4):
+        self.samples = samples
+        self.rtol = rtol
+        self.original_check = checker_error(original)
+        try:
+            session = make_session(original)
+            self.reference = [run(session, s) for s in samples]
+            self.runtime_error = None
+        except Exception as exc:  # noqa: BLE001 - ORT raises its own types
+            self.reference = None
+            self.runtime_error = _first_line(exc)
+
+    def check(self, candidate: onnx.ModelProto, lossless: bool) -> Check:
+        if self.original_check is None:
+            problem = checker_error(candidate)
+            if problem is not None:
+                return Check("invalid", message=f"onnx checker: {problem}")
+        if self.reference is None:
+            return Check("unverified", message=f"ONNX Runtime cannot run the original: {self.runtime_error}")
+        try:
+            session = make_session(candidate)
+            results = [run(session, s) for s in self.samples]
+        except Exception as exc:  # noqa: BLE001
+            return Check("invalid", message=f"ONNX Runtime: {_first_line(exc)}")
+        outputs, ok = {}, True
+        for name in self.reference[0]:
+            if name not in results[0]:
+                return Check("invalid", message=f"output {name!r} disappeared")
+            drift = merge([compare(ref[name], res[name]) for ref, res in zip(self.reference, results)])
+            outputs[name] = drift.to_dict()
+            ok = ok and within_tolerance(drift, self.rtol)
+        if ok:
+            return Check("ok", outputs)
+        return Check("failed" if lossless else "drift", outputs)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
