@@ -116,7 +116,8 @@ class CalibrationFeed:
             out.append(sample)
         return out
 
-    def __len__(self) -> int:
+    def count(self) -> int:
+        """Number of samples (iterates once; not ``__len__``, which ``list()`` would call)."""
         return sum(1 for _ in self)
 
     def concrete_shape(self, spec: InputSpec) -> list:

@@ -50,7 +50,7 @@ def load_proto(path: str | os.PathLike) -> onnx.ModelProto:
     _check_is_model(proto, path)
     try:
         onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
-    except (FileNotFoundError, OSError) as exc:
+    except (OSError, onnx.checker.ValidationError) as exc:
         raise UserError(f"{path}: external data missing or unreadable ({_short(exc)})") from None
     return proto
 

@@ -1,0 +1,124 @@
+"""Loading, normalising and saving models; bad input gives UserError with a clear message."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import parse
+
+from onnxslim_kit.errors import UserError
+from onnxslim_kit.model import Model, load_proto, save_proto
+
+TINY = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[2,3] x) => (float[2,3] y) {
+  c = Constant <value = float[3] {1.0, 2.0, 3.0}> ()
+  y = Add (x, c)
+}
+"""
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        load_proto(tmp_path / "nope.onnx")
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x01garbage" * 50, b"hello world, not a model"])
+def test_not_a_model(tmp_path, content):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match="bad.onnx"):
+        load_proto(path)
+
+
+def test_random_bytes_and_truncation(tmp_path):
+    rng = np.random.default_rng(0)
+    good = parse(TINY).SerializeToString()
+    for i, blob in enumerate([rng.bytes(4096), good[: len(good) // 2]]):
+        path = tmp_path / f"x{i}.onnx"
+        path.write_bytes(blob)
+        with pytest.raises(UserError):
+            load_proto(path)
+
+
+def test_old_opset_is_refused(tmp_path):
+    model = parse(TINY.replace('"" : 13', '"" : 6').replace("ir_version: 8", "ir_version: 3"))
+    path = tmp_path / "old.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(UserError, match="opset 6 is older"):
+        load_proto(path)
+
+
+def test_constant_nodes_become_initializers():
+    model = Model.from_proto(parse(TINY))
+    assert [n.op for n in model.graph.nodes] == ["Add"]
+    assert any("Constant nodes" in note for note in model.load_notes)
+    out = model.to_proto()
+    assert [t.name for t in out.graph.initializer] == ["c"]
+    onnx.checker.check_model(out, full_check=True)
+
+
+def test_initializers_listed_as_inputs_are_dropped():
+    proto = parse(TINY)
+    proto = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Add", ["x", "w"], ["y"])], "g",
+            [onnx.helper.make_tensor_value_info("x", 1, [3]), onnx.helper.make_tensor_value_info("w", 1, [3])],
+            [onnx.helper.make_tensor_value_info("y", 1, [3])],
+            [onnx.numpy_helper.from_array(np.ones(3, np.float32), "w")],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 9)], ir_version=3,
+    )
+    model = Model.from_proto(proto)
+    assert [t.name for t in model.graph.inputs] == ["x"]
+    assert any("graph inputs" in note for note in model.load_notes)
+
+
+def test_fresh_names_are_unique():
+    model = Model.from_proto(parse(TINY))
+    names = {model.fresh_name("fuse/x") for _ in range(100)}
+    assert len(names) == 100 and not names & {"x", "y", "c"}
+
+
+def test_save_is_atomic_and_leaves_no_temp(tmp_path):
+    proto = parse(TINY)
+    path = save_proto(proto, tmp_path / "out.onnx")
+    assert load_proto(path).graph.node[0].op_type == "Constant"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
+
+
+def test_external_data_round_trip(tmp_path):
+    big = np.arange(4096, dtype=np.float32)
+    proto = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Add", ["x", "w"], ["y"])], "g",
+            [onnx.helper.make_tensor_value_info("x", 1, [4096])],
+            [onnx.helper.make_tensor_value_info("y", 1, [4096])],
+            [onnx.numpy_helper.from_array(big, "w")],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 13)],
+    )
+    path = save_proto(proto, tmp_path / "ext.onnx", external_data=True)
+    assert (tmp_path / "ext.onnx.data").stat().st_size >= big.nbytes
+    assert proto.graph.initializer[0].HasField("raw_data")  # the caller's proto is left as it was
+    loaded = load_proto(path)
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(loaded.graph.initializer[0]), big)
+    (tmp_path / "ext.onnx.data").unlink()
+    with pytest.raises(UserError, match="external data"):
+        load_proto(path)
+
+
+def test_subgraphs_are_visited():
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (bool c, float[2] x) => (float[2] y) {
+      y = If (c) <
+        then_branch = t () => (float[2] a) { k = Constant <value = float[2] {1.0, 1.0}> ()
+                                             a = Add (x, k) },
+        else_branch = e () => (float[2] b) { b = Identity (x) }
+      >
+    }
+    """
+    model = Model.from_proto(parse(text))
+    graphs = list(model.all_graphs())
+    assert len(graphs) == 3
+    assert any("1 Constant" in n for n in model.load_notes)

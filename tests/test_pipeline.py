@@ -1,0 +1,121 @@
+"""Pass-list parsing, option validation, verification and rollback in the run loop."""
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from conftest import parse
+
+import onnxslim_kit
+from onnxslim_kit.errors import UserError, VerificationError
+from onnxslim_kit.pipeline import Option, Pass, PassResult, parse_pass_list, register_pass
+
+MODEL = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[2,4] x) => (float[2,4] y) <float[4] b = {1.0, 2.0, 3.0, 4.0}> {
+  y = Add (x, b)
+}
+"""
+
+
+@register_pass
+class _BreakBias(Pass):
+    """Test pass: claims to be lossless but scales the bias (or, lossy, does the same honestly)."""
+
+    name = "test_break_bias"
+    options = {"lossy": Option(bool, False, "declare the pass lossy"),
+               "factor": Option(float, 2.0, "bias multiplier")}
+
+    def is_lossless(self, options):
+        return not options["lossy"]
+
+    def run(self, model, ctx):
+        result = PassResult()
+        for tensor in model.graph.tensors().values():
+            if isinstance(tensor, gs.Constant):
+                tensor.values = np.asarray(tensor.values) * ctx.options["factor"]
+                result.rewrite("bias scaled")
+        return result
+
+
+@register_pass
+class _BreakGraph(Pass):
+    """Test pass: produces an invalid graph (Add with one input)."""
+
+    name = "test_break_graph"
+    lossless = False
+
+    def run(self, model, ctx):
+        result = PassResult()
+        model.graph.nodes[0].inputs.pop()
+        result.rewrite("broken")
+        return result
+
+
+def test_parse_pass_list():
+    specs = parse_pass_list("fuse, prune(ratio=0.3,criterion=l2),int8(target=cos:0.99)")
+    assert [s.name for s in specs] == ["fuse", "prune", "int8"]
+    assert specs[1].options == {"ratio": "0.3", "criterion": "l2"}
+    assert specs[2].options == {"target": "cos:0.99"}
+
+
+@pytest.mark.parametrize("text,match", [
+    ("fuse(", "unbalanced"), ("fuse)", "unbalanced"), ("", "no pass"), ("prune(ratio)", "key=value"),
+])
+def test_parse_errors(text, match):
+    with pytest.raises(UserError, match=match):
+        parse_pass_list(text)
+
+
+def test_unknown_pass_and_option_list_what_exists():
+    with pytest.raises(UserError, match="available: .*fuse"):
+        onnxslim_kit.optimize(parse(MODEL), "nosuchpass")
+    with pytest.raises(UserError, match="its options: .*lossy"):
+        onnxslim_kit.optimize(parse(MODEL), "test_break_bias(nope=1)")
+    with pytest.raises(UserError, match="expected true/false"):
+        onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=maybe)")
+
+
+def test_lossless_pass_that_changes_outputs_is_rolled_back():
+    proto, report = onnxslim_kit.optimize(parse(MODEL), "test_break_bias")
+    entry = report.passes[0]
+    assert entry.rolled_back and entry.verification["status"] == "failed"
+    assert not report.ok
+    bias = [t for t in proto.graph.initializer if t.name == "b"][0]
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(bias), [1, 2, 3, 4])
+
+
+def test_strict_raises_on_changed_outputs():
+    with pytest.raises(VerificationError, match="test_break_bias"):
+        onnxslim_kit.optimize(parse(MODEL), "test_break_bias", strict=True)
+
+
+def test_tiny_change_within_tolerance_passes():
+    _, report = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(factor=1.0000001)")
+    assert report.passes[0].verification["status"] == "ok"
+
+
+def test_lossy_pass_records_drift_and_keeps_result():
+    proto, report = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=true)")
+    entry = report.passes[0]
+    assert not entry.rolled_back and entry.verification["status"] == "drift"
+    drift = entry.verification["outputs"]["y"]
+    assert drift["max_abs"] == pytest.approx(4.0, rel=1e-5) and drift["cosine"] < 1.0
+    bias = [t for t in proto.graph.initializer if t.name == "b"][0]
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(bias), [2, 4, 6, 8])
+
+
+def test_invalid_result_is_rolled_back_even_for_lossy_pass():
+    proto, report = onnxslim_kit.optimize(parse(MODEL), "test_break_graph")
+    assert report.passes[0].rolled_back
+    assert report.passes[0].verification["status"] == "invalid"
+    assert len(proto.graph.node[0].input) == 2
+
+
+def test_report_json_and_table():
+    _, report = onnxslim_kit.optimize(parse(MODEL), "fuse,test_break_bias(lossy=true)")
+    data = report.to_dict()
+    assert [p["name"] for p in data["passes"]] == ["fuse", "test_break_bias"]
+    assert data["before"]["params"] == 4
+    table = report.table()
+    assert "test_break_bias" in table and "drift" in table
