@@ -171,7 +171,7 @@ class Model:
         count = 0
         for graph in self.all_graphs():
             for node in graph.nodes:
-                if node.op != "Constant" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+                if node.op != "Constant" or (node.domain or "") not in ("", "ai.onnx") or len(node.outputs) != 1:
                     continue
                 values = _constant_node_value(node)
                 if values is None:

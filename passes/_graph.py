@@ -19,7 +19,7 @@ ONNX_DOMAINS = ("", "ai.onnx")
 
 
 def is_onnx_op(node: gs.Node, *ops: str) -> bool:
-    return node.domain in ONNX_DOMAINS and node.op in ops
+    return (node.domain or "") in ONNX_DOMAINS and node.op in ops  # gs gives None for an unset domain
 
 
 def const_value(tensor) -> np.ndarray | None:
