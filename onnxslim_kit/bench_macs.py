@@ -1,0 +1,148 @@
+"""Estimated multiply–accumulates (MACs) of one inference, from tensor shapes.
+
+One MAC is one multiply and one add of a dot product (FLOPs ≈ 2 · MACs). Shapes come from
+``onnx.shape_inference`` after the graph inputs are fixed to the shapes actually benchmarked.
+With ``|T|`` the number of elements of tensor ``T``:
+
+==========================================  ===============================================
+op                                          MACs
+==========================================  ===============================================
+Conv, ConvInteger, QLinearConv              ``|Y| · ∏ W.shape[1:]``  (W = [C_out, C_in/group, k…])
+ConvTranspose                               ``|X| · ∏ W.shape[1:]``  (W = [C_in, C_out/group, k…])
+Gemm                                        ``M · N · K`` = ``|Y| · K``
+MatMul, MatMulInteger, QLinearMatMul        ``|Y| · K``, K = last dimension of A
+LSTM, GRU, RNN                              ``T · B · (|W| + |R|)`` = T·B·D·G·H·(I + H), G = 4/3/1 gates
+==========================================  ===============================================
+
+Other ops (element-wise, pooling, normalisation, Softmax…) are cheap next to these and are
+not counted. Shapes that inference leaves open in the main graph are measured by one ORT
+run when a sample is given; a counted op whose shapes stay unknown adds 1 to ``unresolved``
+instead of guessing. ``If`` counts its larger branch; ``Loop``/``Scan`` bodies count one
+iteration (the trip count is data).
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+
+from .activations import iter_activations
+
+# op: index of W (com.microsoft Fused* ops appear in models saved after ORT optimisation)
+CONV = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3, "FusedConv": 1}
+MATMUL = {"MatMul": 0, "MatMulInteger": 0, "QLinearMatMul": 0, "FusedMatMul": 0}  # op: index of A
+RNN = {"LSTM", "GRU", "RNN"}
+
+
+def estimate_macs(proto: onnx.ModelProto, input_shapes: dict | None = None, feed: dict | None = None) -> tuple:
+    """``(macs, unresolved)`` of ``proto`` with its inputs fixed to ``input_shapes``
+    (``{name: shape}``); ``(None, None)`` when shape inference fails outright.
+
+    With ``feed`` (one input sample), main-graph tensors whose shapes inference leaves open
+    are measured by running the model once with them exposed as outputs."""
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    for value in model.graph.input:
+        shape = (input_shapes or {}).get(value.name)
+        if shape is None or not value.type.HasField("tensor_type"):
+            continue
+        dims = value.type.tensor_type.shape
+        del dims.dim[:]
+        for d in shape:
+            dims.dim.add().dim_value = int(d)
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference raises several types (and fails on >2 GB)
+        return None, None
+    macs, unresolved = graph_macs(model.graph, {})
+    if unresolved and feed is not None:
+        missing = _unknown_tensors(model.graph)
+        try:
+            measured = next(iter_activations(proto, missing, [feed]))
+        except Exception:  # noqa: BLE001 - ORT may not run it; keep the inferred count
+            return macs, unresolved
+        macs, unresolved = graph_macs(model.graph, {k: list(v.shape) for k, v in measured.items()})
+    return macs, unresolved
+
+
+def _unknown_tensors(graph: onnx.GraphProto) -> list:
+    """Names of the main-graph tensors a counted node needs but shape inference did not give."""
+    shapes = _shapes(graph, {})
+    names = []
+    for node in graph.node:
+        if node_macs(node, shapes) is None:
+            names += [n for n in list(node.input[:4]) + list(node.output[:1]) if n and n not in shapes]
+    return list(dict.fromkeys(names))
+
+
+def _shapes(graph: onnx.GraphProto, outer: dict) -> dict:
+    shapes = dict(outer)
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            dims = value.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                shapes[value.name] = [d.dim_value for d in dims]
+    for tensor in graph.initializer:
+        shapes[tensor.name] = list(tensor.dims)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    shapes[node.output[0]] = list(attr.t.dims)
+    return shapes
+
+
+def graph_macs(graph: onnx.GraphProto, outer: dict) -> tuple:
+    """``(macs, unresolved)`` of one graph; ``outer`` holds the shapes of enclosing scopes."""
+    shapes = _shapes(graph, outer)
+    total, unresolved = 0, 0
+    for node in graph.node:
+        subgraphs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+        if subgraphs:
+            results = [graph_macs(g, shapes) for g in subgraphs]
+            total += max(r[0] for r in results)
+            unresolved += max(r[1] for r in results)
+            continue
+        macs = node_macs(node, shapes)
+        if macs is None:
+            unresolved += 1
+        else:
+            total += macs
+    return total, unresolved
+
+
+def node_macs(node: onnx.NodeProto, shapes: dict) -> int | None:
+    """MACs of one node (0 for ops not counted), None when a needed shape is unknown."""
+    if node.domain not in ("", "ai.onnx", "com.microsoft"):
+        return 0
+
+    def shape(index: int, outputs: bool = False):
+        names = node.output if outputs else node.input
+        return shapes.get(names[index]) if index < len(names) and names[index] else None
+
+    op = node.op_type
+    if op in CONV:
+        y, w = shape(0, outputs=True), shape(CONV[op])
+        return None if y is None or w is None else math.prod(y) * math.prod(w[1:])
+    if op == "ConvTranspose":
+        x, w = shape(0), shape(1)
+        return None if x is None or w is None else math.prod(x) * math.prod(w[1:])
+    if op in ("Gemm", "FusedGemm"):
+        a, y = shape(0), shape(0, outputs=True)
+        if a is None or y is None or len(a) != 2:
+            return None
+        trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+        return math.prod(y) * (a[0] if trans_a else a[1])
+    if op in MATMUL:
+        a, y = shape(MATMUL[op]), shape(0, outputs=True)
+        if not a or y is None:
+            return None
+        trans_a = any(at.name == "transA" and at.i for at in node.attribute)  # FusedMatMul
+        return math.prod(y) * (a[-2] if trans_a and len(a) > 1 else a[-1])
+    if op in RNN:
+        x, w, r = shape(0), shape(1), shape(2)
+        if x is None or w is None or r is None or len(x) != 3:
+            return None
+        return x[0] * x[1] * (math.prod(w) + math.prod(r))  # T·B or B·T: the product is the same
+    return 0
