@@ -150,6 +150,8 @@ def timed_rounds(runners: list, runs: int, warmup: int = 0, progress=None, desc:
     progress = progress or (lambda it, **_: it)
     n = len(runners)
     times = [[0.0] * runs for _ in runners]
+    if n == 0:
+        return times
     for r in progress(range(warmup + runs), desc=desc, total=warmup + runs):
         for m in interleaved_order(n, r):
             start = time.perf_counter()
@@ -298,7 +300,7 @@ def _memory_child(argv: list) -> None:
         scale = 1 if sys.platform != "darwin" else 1 / 1024  # macOS reports bytes
         peak, method = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale), "ru_maxrss (upper bound)"
     print(json.dumps({
-        "peak_memory_mb": round((peak - baseline) / 1024, 3) if baseline is not None else None,
+        "peak_memory_mb": round(max(peak - baseline, 0) / 1024, 3) if baseline is not None else None,
         "peak_rss_mb": round(peak / 1024, 3), "memory_method": method,
     }))
 

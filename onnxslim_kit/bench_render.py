@@ -50,7 +50,7 @@ def cells(row: dict, first: bool) -> tuple:
     lat = row.get("latency_ms") or {}
     macs = _count(row.get("macs"))
     if row.get("macs_unresolved_nodes"):
-        macs += f" (+{row['macs_unresolved_nodes']}?)"
+        macs = f"≥{macs} ({row['macs_unresolved_nodes']} ops unknown)"
     return (
         row["name"], row["provider"], str(row["threads"]),
         "FAILED" if row.get("error") else _num(lat.get("median"), ".3f"),

@@ -297,6 +297,7 @@ def test_model_ort_cannot_run_is_a_row(pair, tmp_path, capsys):
     assert rows[0]["error"] is None and rows[0]["latency_ms"]["median"] > 0
     assert "ONNX Runtime" in rows[1]["error"] and "latency_ms" not in rows[1]
     assert "FAILED" in capsys.readouterr().out
+    assert cli_main(["bench", str(bad), "--runs", "2", "--no-memory"]) == 2  # every model fails: still rows
 
 
 # --- real model --------------------------------------------------------------------------
