@@ -1,0 +1,151 @@
+"""``prune`` — remove channels for real: strip what is provably constant, or prune by importance.
+
+Modes (chosen by the options):
+
+* no options — **strip** (lossless): channel units whose values are constant wherever they are
+  read (all-zero filters, possibly with a bias ``b`` → ``f(b)`` after activations) are removed
+  from every tensor of their dependency group; their constant contribution moves into the
+  consumers' biases (:mod:`._prune_strip`, :mod:`._prune_apply`).
+* ``ratio=r`` — structured pruning: remove the fraction ``r`` of the prunable channel units with
+  the lowest importance (``criterion``, :mod:`._prune_importance`), per group
+  (``scope=layer``) or ranked over the whole model (``scope=global``), keeping at least
+  ``min_channels`` and a multiple of ``multiple`` per group; then re-fit the consumers by
+  ridge least squares against the model before pruning (``refit``, :mod:`._prune_refit`).
+* ``sparsity=s`` / ``nm=N:M`` — unstructured / N:M magnitude sparsity on Conv/Gemm/MatMul
+  weights (:mod:`._prune_sparsity`); the file compresses better, inference is not faster.
+
+Dependency groups (:mod:`._prune_groups`) decide what must be cut together; what cannot be
+cut is skipped with the reason counted in the report. ``explain=true`` adds each group's
+description to the notes. Strip always runs first (also with ``ratio``).
+
+Concrete tensor shapes, needed to see through Reshape/Flatten and Resize, come from one
+ONNX Runtime run of the model on the first calibration sample.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxslim_kit.activations import iter_activations
+from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+
+from ._graph import const_value
+from ._prune_apply import apply
+from ._prune_groups import analyse
+from ._prune_strip import strippable
+
+CRITERIA = ("l1", "l2", "random", "bn_scale", "activation", "taylor", "obs")
+
+
+def concrete_shapes(model, sample: dict) -> dict:
+    """name → shape of every main-graph tensor on ``sample``; ("value", name) → 1-D int values."""
+    graph = model.graph
+    names = [t.name for t in graph.tensors().values()
+             if isinstance(t, gs.Variable) and t.name and not any(t is i for i in graph.inputs)]
+    shapes: dict = {name: tuple(np.shape(sample[name])) for name in sample}
+    for acts in iter_activations(model.to_proto(), names, [sample], threads=1):
+        for name, value in acts.items():
+            shapes[name] = tuple(value.shape)
+            if value.ndim == 1 and value.dtype.kind in "iu" and value.size <= 16:
+                shapes[("value", name)] = value.tolist()
+    for node in graph.nodes:
+        if node.op == "Reshape" and isinstance(node.inputs[1], gs.Constant):
+            shapes[("value", node.inputs[1].name)] = const_value(node.inputs[1]).tolist()
+    return shapes
+
+
+def analyse_model(model, ctx):
+    model.graph.toposort()
+    sample = ctx.feed.take(1)[0]
+    return analyse(model.graph, concrete_shapes(model, sample))
+
+
+def compressed_weight_bytes(model) -> int:
+    """zlib-compressed size (level 6) of all constant tensors of the model."""
+    total = 0
+    for graph in model.all_graphs():
+        for t in graph.tensors().values():
+            if isinstance(t, gs.Constant):
+                total += len(zlib.compress(np.ascontiguousarray(t.values).tobytes(), 6))
+    return total
+
+
+def parse_nm(text: str):
+    if not text:
+        return None
+    n, _, m = text.partition(":")
+    n, m = int(n), int(m)
+    if not 0 < n < m:
+        raise ValueError(f"nm={text}: expected N:M with 0 < N < M")
+    return n, m
+
+
+@register_pass
+class PrunePass(Pass):
+    name = "prune"
+    summary = "remove channels: strip constant ones (lossless), or prune by importance with re-fit"
+    options = {
+        "ratio": Option(float, 0.0, "fraction of prunable channel units to remove (0: strip only)"),
+        "criterion": Option(str, "l1", "channel importance", CRITERIA),
+        "scope": Option(str, "global", "rank channels over the model or per group", ("global", "layer")),
+        "min_channels": Option(int, 8, "keep at least this many channels per group"),
+        "multiple": Option(int, 8, "keep channel counts at multiples of this (1: any)"),
+        "refit": Option(bool, True, "re-solve consumer weights by ridge least squares"),
+        "sparsity": Option(float, 0.0, "unstructured magnitude sparsity of Conv/Gemm/MatMul weights"),
+        "nm": Option(str, "", "N:M sparsity, e.g. 2:4"),
+        "explain": Option(bool, False, "describe every dependency group in the notes"),
+        "seed": Option(int, 0, "seed of the random criterion and of position sampling"),
+    }
+
+    def is_lossless(self, options: dict) -> bool:
+        return not options.get("ratio") and not options.get("sparsity") and not options.get("nm")
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        opts = ctx.options
+        result.metrics["params_before"] = _param_count(model)
+        cg = analyse_model(model, ctx)
+        groups = cg.groups()
+        if opts["explain"]:
+            result.notes.extend(cg.describe(g) for g in groups)
+        blocked = cg.blocked_units()
+        result.metrics["groups"] = len(groups)
+        result.metrics["channel_units"] = len(cg.all_units())
+        result.metrics["blocked_units"] = len(blocked)
+        for reason, count in Counter(_short(r) for r in blocked.values()).items():
+            result.skip(f"unprunable: {reason}", count)
+        units, constants, reasons = strippable(cg)
+        for reason, count in reasons.items():
+            result.skip(_short(reason), count)
+        if units:
+            apply(model, cg, units, constants)
+            result.rewrite("strip constant channel", len(units))
+            model.graph.cleanup(remove_unused_graph_inputs=False)
+        if opts["ratio"] > 0:
+            from ._prune_ratio import prune_by_ratio
+
+            prune_by_ratio(model, ctx, result, analyse_model)
+        if opts["sparsity"] > 0 or opts["nm"]:
+            from ._prune_sparsity import sparsify
+
+            before = compressed_weight_bytes(model)
+            sparsify(model, opts["sparsity"], parse_nm(opts["nm"]), result)
+            result.metrics["zlib_bytes_before"] = before
+            result.metrics["zlib_bytes_after"] = compressed_weight_bytes(model)
+        result.metrics["params_after"] = _param_count(model)
+        return result
+
+
+def _param_count(model) -> int:
+    model.graph.cleanup(remove_unused_graph_inputs=False)
+    return int(sum(np.size(t.values) for t in model.graph.tensors().values() if isinstance(t, gs.Constant)))
+
+
+def _short(reason: str) -> str:
+    """A reason without the node name in parentheses, so equal reasons count together."""
+    head, sep, _ = reason.rpartition(" (")
+    return head if sep else reason
