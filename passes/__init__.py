@@ -7,12 +7,6 @@ starts with ``_`` are shared helpers, not passes. Third-party passes register th
 """
 
 BUILTIN_PASSES = [
-    "cluster",
-    "svd",
     "fuse",
     "prune",
-    "int8",
-    "dynamic",
-    "fp16",
-    "int4",
 ]
