@@ -9,4 +9,6 @@ starts with ``_`` are shared helpers, not passes. Third-party passes register th
 BUILTIN_PASSES = [
     "fuse",
     "prune",
+    "int8",
+    "dynamic",
 ]

@@ -1,0 +1,114 @@
+"""Fidelity target and per-layer fallback of the ``int8`` pass.
+
+Target ``METRIC:VALUE`` (``cos:0.99`` or ``top1:0.99``), measured against the *original*
+model's outputs on the evaluation samples (ORT, optimisations off):
+
+* ``cos``  — the worst cosine similarity over outputs and samples;
+* ``top1`` — the argmax agreement over all rows of all samples, worst output (outputs
+  without a class axis are judged by cosine instead).
+
+Search (each step builds the model with a set of int8 layers and scores it):
+
+1. all candidate layers int8 — done if the target holds;
+2. sensitivity: each layer alone in int8, ``1 − score`` (one build per layer);
+3. the most sensitive ``k`` layers go back to float for ``k = 1, 2, 4, …`` until the target
+   holds, then a bisection between the last two ``k`` finds the smallest such ``k``.
+   ``k = n`` is the float model itself, so the search always ends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxslim_kit.errors import UserError
+from onnxslim_kit.metrics import compare, cosine
+from onnxslim_kit.runtime import make_session, run
+
+METRICS = ("cos", "top1")
+
+
+def parse_target(text: str):
+    """``"cos:0.99"`` → ("cos", 0.99); empty / ``none`` → None."""
+    text = (text or "").strip()
+    if text in ("", "none", "off"):
+        return None
+    metric, _, value = text.partition(":")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if metric not in METRICS or number is None or not 0 < number <= 1:
+        raise UserError(f"int8(target={text}): expected cos:VALUE or top1:VALUE with 0 < VALUE ≤ 1")
+    return metric, number
+
+
+class Scorer:
+    """Scores candidate protos against the reference outputs on fixed samples."""
+
+    def __init__(self, original, samples: list, metric: str):
+        self.samples = samples
+        self.metric = metric
+        session = make_session(original, threads=1)
+        self.reference = [run(session, s) for s in samples]
+        self.builds = 0
+
+    def __call__(self, proto) -> float:
+        self.builds += 1
+        session = make_session(proto, threads=1)
+        outputs = [run(session, s) for s in self.samples]
+        scores = []
+        for name, ref0 in self.reference[0].items():
+            if np.asarray(ref0).dtype.kind != "f" or name not in outputs[0]:
+                continue
+            refs = [r[name] for r in self.reference]
+            gots = [o[name] for o in outputs]
+            scores.append(self._score(refs, gots))
+        return min(scores) if scores else 1.0
+
+    def _score(self, refs: list, gots: list) -> float:
+        if self.metric == "top1":
+            agree = [compare(r, g).top1 for r, g in zip(refs, gots)]
+            rows = [int(np.prod(np.shape(r)[:-1])) or 1 for r in refs]
+            if all(a is not None for a in agree):
+                return float(np.average(agree, weights=rows))
+        return min(cosine(r[np.isfinite(r)], g[np.isfinite(r)]) for r, g in zip(refs, gots))
+
+
+def choose_float_layers(names: list, build, score, target: float, progress=lambda it, **_: it, log=None):
+    """Smallest set of layers (most sensitive first) to keep float so ``score ≥ target``.
+
+    ``build(enabled: set) -> proto``. Returns (float layer names, final score, sensitivities).
+    """
+    everything = set(names)
+    full = score(build(everything))
+    if full >= target:
+        return [], full, {}
+    sens = {}
+    for name in progress(names, desc="int8 sensitivity", total=len(names)):
+        sens[name] = 1.0 - score(build({name}))
+    order = sorted(names, key=lambda n: -sens[n])
+    cache = {}
+
+    def score_k(k: int) -> float:
+        if k not in cache:
+            cache[k] = score(build(everything - set(order[:k]))) if k < len(order) else 1.0
+        return cache[k]
+
+    k_ok, k_bad = None, 0
+    k = 1
+    while k_ok is None:
+        k = min(k, len(order))
+        if score_k(k) >= target:
+            k_ok = k
+        else:
+            k_bad = k
+            k *= 2
+    while k_ok - k_bad > 1:
+        mid = (k_ok + k_bad) // 2
+        if score_k(mid) >= target:
+            k_ok = mid
+        else:
+            k_bad = mid
+    if log:
+        log(f"int8: {k_ok} of {len(order)} layers kept float for the target")
+    return order[:k_ok], score_k(k_ok), sens

@@ -1,0 +1,170 @@
+"""Quantization parameters and Q/DQ insertion for the ``int8`` pass (onnx-graphsurgeon graphs).
+
+Encodings (what ONNX Runtime's CPU provider fuses into QLinearConv / QLinearMatMul / QGemm /
+MatMulIntegerToFloat at load time, checked by the tests):
+
+* activations, per tensor, asymmetric over the calibrated ``[lo, hi]`` (``lo ≤ 0 ≤ hi``):
+  ``s = (hi − lo) / 255``, ``z = round(−lo / s)`` for uint8, ``z − 128`` for int8; a
+  non-negative tensor (after Relu) gets ``z = qmin`` so ORT can drop the Relu before the Q;
+* weights, symmetric int8 in ``[−127, 127]``, per output channel (``DequantizeLinear``
+  with ``axis``, opset ≥ 13) or per tensor: ``s_c = max|W_c| / 127``, ``z = 0``;
+* bias, int32 with ``s_b = s_x · s_w`` (per channel), ``z = 0``; when ``b / s_b`` would not
+  fit in int32, ``s_w`` of that channel is raised to ``|b_c| / (s_x · (2^31 − 1))``.
+
+Constants are always new arrays (never edited in place); every name comes from
+``model.fresh_name("int8/…")``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ._graph import consumers, new_constant
+
+INT32_MAX = 2**31 - 1
+QRANGE = {"uint8": (0, 255, np.uint8), "int8": (-128, 127, np.int8)}
+QDQ_OPS = {
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+    "MatMulInteger", "ConvInteger", "QGemm", "QLinearAdd", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+}
+
+
+def is_quantized(graph: gs.Graph) -> bool:
+    return any(node.op in QDQ_OPS for node in graph.nodes)
+
+
+def activation_params(lo: float, hi: float, dtype: str = "uint8") -> tuple:
+    """(scale float32, zero point) for the range [lo, hi] ∋ 0."""
+    qmin, qmax, np_type = QRANGE[dtype]
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = (hi - lo) / (qmax - qmin)
+    if not np.isfinite(scale) or scale <= 1e-30:
+        return np.float32(1.0), np_type(0 if dtype == "int8" else 0)
+    zero = int(np.clip(round(qmin - lo / scale), qmin, qmax))
+    return np.float32(scale), np_type(zero)
+
+
+def weight_scales(w: np.ndarray, axis: int | None) -> np.ndarray:
+    """Symmetric int8 scales: per channel along ``axis`` (1-D) or per tensor (0-D)."""
+    if axis is None:
+        amax = np.abs(w).max() if w.size else 0.0
+    else:
+        amax = np.abs(np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)).max(axis=1)
+    amax = np.asarray(amax, dtype=np.float64)
+    return np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+
+
+def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None) -> np.ndarray:
+    shape = [1] * w.ndim
+    if axis is not None:
+        shape[axis] = -1
+    q = np.round(w.astype(np.float64) / scales.reshape(shape).astype(np.float64))
+    return np.clip(q, -127, 127).astype(np.int8)
+
+
+def fit_bias(bias: np.ndarray, x_scale: float, w_scales: np.ndarray) -> np.ndarray:
+    """Weight scales raised where needed so that ``bias / (s_x·s_w)`` fits in int32."""
+    need = np.abs(bias.astype(np.float64)) / (float(x_scale) * INT32_MAX) * (1 + 1e-6)
+    return np.maximum(w_scales.astype(np.float64), need).astype(np.float32)
+
+
+def quantize_bias(bias: np.ndarray, x_scale: float, w_scales: np.ndarray) -> tuple:
+    scale = (np.float64(x_scale) * w_scales.astype(np.float64)).astype(np.float32)
+    scale = np.broadcast_to(scale, bias.shape).copy() if scale.ndim else scale
+    q = np.clip(np.round(bias.astype(np.float64) / scale.astype(np.float64)), -INT32_MAX, INT32_MAX)
+    return q.astype(np.int32), scale
+
+
+def dequantize_constant(model, graph: gs.Graph, values_q: np.ndarray, scale: np.ndarray,
+                        axis: int | None, base: str) -> gs.Variable:
+    """``DequantizeLinear(values_q, scale, 0)`` as a node of ``graph``; returns its float output."""
+    q = new_constant(model, f"int8/{base}_q", values_q)
+    s = new_constant(model, f"int8/{base}_scale", np.asarray(scale, dtype=np.float32))
+    z = new_constant(model, f"int8/{base}_zp", np.zeros(np.shape(scale), dtype=values_q.dtype))
+    out = gs.Variable(model.fresh_name(f"int8/{base}_dq"), dtype=np.float32, shape=list(values_q.shape))
+    attrs = {"axis": int(axis)} if axis is not None and np.ndim(scale) == 1 else {}
+    graph.nodes.append(gs.Node("DequantizeLinear", name=model.fresh_name("int8/DequantizeLinear"),
+                               inputs=[q, s, z], outputs=[out], attrs=attrs))
+    return out
+
+
+def insert_qdq(model, graph: gs.Graph, tensor: gs.Variable, scale, zero) -> None:
+    """``tensor → QuantizeLinear → DequantizeLinear`` with one DQ per reader of ``tensor``.
+
+    A DQ shared by several readers keeps ORT from fusing some of them (its node units claim a
+    DQ for one target node), so every reader gets its own.
+    """
+    s = new_constant(model, "int8/act_scale", np.asarray(scale, dtype=np.float32))
+    z = new_constant(model, "int8/act_zp", np.asarray(zero))
+    q_out = gs.Variable(model.fresh_name("int8/q"), dtype=np.asarray(zero).dtype, shape=tensor.shape)
+    readers = consumers(tensor)
+    graph.nodes.append(gs.Node("QuantizeLinear", name=model.fresh_name("int8/QuantizeLinear"),
+                               inputs=[tensor, s, z], outputs=[q_out]))
+    for reader in readers:
+        dq_out = gs.Variable(model.fresh_name("int8/dq"), dtype=np.float32, shape=tensor.shape)
+        graph.nodes.append(gs.Node("DequantizeLinear", name=model.fresh_name("int8/DequantizeLinear"),
+                                   inputs=[q_out, s, z], outputs=[dq_out]))
+        for i, t in enumerate(reader.inputs):
+            if t is tensor:
+                reader.inputs[i] = dq_out
+
+
+def upgrade_opset(proto: onnx.ModelProto, target: int = 13) -> onnx.ModelProto | None:
+    """``proto`` converted to ``target`` (checked), or None when the converter fails."""
+    try:
+        converted = onnx.version_converter.convert_version(proto, target)
+        onnx.checker.check_model(converted)
+    except Exception:  # noqa: BLE001 - the converter raises several types
+        return None
+    return converted
+
+
+# --- applying a plan ----------------------------------------------------------------------------
+
+def apply_plan(model, plan, enabled: set, result=None) -> int:
+    """Insert Q/DQ for the ``enabled`` layers of ``plan`` into ``model.graph``; returns the count.
+
+    ``plan`` (see :class:`int8.Plan`) holds names only, so it applies to any copy of the model
+    it was made from: ``plan.layers`` (``LayerSpec``), ``plan.params`` (tensor → (scale, zero)),
+    ``plan.per_channel``.
+    """
+    graph = model.graph
+    tensors = graph.tensors()
+    nodes = {node.name: node for node in graph.nodes}
+    chosen = [spec for spec in plan.layers if spec.name in enabled and spec.name in nodes]
+    points = []
+    for spec in chosen:
+        for name in spec.inputs + [spec.output]:
+            if name in plan.params and name not in points:
+                points.append(name)
+    for name in points:
+        insert_qdq(model, graph, tensors[name], *plan.params[name])
+    for spec in chosen:
+        node = nodes[spec.name]
+        if spec.weight_index is not None:
+            _quantize_weights(model, graph, node, spec, plan)
+        if result is not None:
+            result.rewrite(f"{node.op}→int8")
+    return len(chosen)
+
+
+def _quantize_weights(model, graph: gs.Graph, node: gs.Node, spec, plan) -> None:
+    w = np.asarray(node.inputs[spec.weight_index].values)
+    axis = spec.weight_axis if plan.per_channel else None
+    scales = weight_scales(w, axis)
+    x_scale = float(plan.params[spec.inputs[0]][0])
+    bias = None
+    if spec.bias_index is not None and spec.bias_index < len(node.inputs):
+        bias = np.asarray(node.inputs[spec.bias_index].values, dtype=np.float32)
+        n = w.shape[axis] if axis is not None else bias.size
+        bias = bias.reshape(n) if bias.size == n else np.broadcast_to(bias, (n,)).copy()
+        scales = fit_bias(bias, x_scale, scales) if axis is not None else np.float32(
+            max(float(scales), float(np.abs(bias).max(initial=0.0)) / (x_scale * INT32_MAX)))
+    node.inputs[spec.weight_index] = dequantize_constant(
+        model, graph, quantize_weight(w, np.asarray(scales), axis), scales, axis, "w")
+    if bias is not None:
+        bq, bscale = quantize_bias(bias, x_scale, np.asarray(scales))
+        node.inputs[spec.bias_index] = dequantize_constant(
+            model, graph, bq, bscale, 0 if np.ndim(bscale) == 1 else None, "b")

@@ -1,0 +1,197 @@
+"""``int8`` — static QDQ quantization that ONNX Runtime's CPU provider runs with integer kernels.
+
+Before / after, for a Conv (MatMul and Gemm alike)::
+
+    x ──▶ Conv(W, b) ──▶ Relu ──▶ y
+    x ─▶ Q ─▶ DQ ─▶ Conv(DQ(W_q, s_w, axis=0), DQ(b_q, s_x·s_w)) ─▶ Relu ─▶ Q ─▶ DQ ─▶ y
+
+ORT fuses ``DQ → Conv → (Relu) → Q`` into QLinearConv (MatMul → QLinearMatMul, or
+MatMulIntegerToFloat when the output stays float; Gemm → QGemm; ``DQ,DQ → Add → Q`` →
+QLinearAdd) with its optimisations on. Encodings: :mod:`._quant_qdq`; where Q/DQ go and
+what stays float: :mod:`._quant_plan`; calibration methods: :mod:`._quant_calib`; the
+fidelity target and per-layer fallback: :mod:`._quant_fallback`.
+
+Steps:
+
+1. models that already hold Q/DQ or integer ops pass through untouched (counted reason);
+2. opset < 13: upgraded to 13 (per-channel ``DequantizeLinear`` needs ``axis``); when the
+   converter fails, per-tensor weights on opset ≥ 10, nothing below;
+3. layers found (main graph; layers inside If/Loop bodies are counted, not quantized),
+   ``include`` / ``exclude`` applied;
+4. streaming calibration over the feed (histograms, bounded memory), ranges by ``method``;
+5. safeguards mark tensors float; layers whose input must stay float stay float;
+6. with ``fallback`` and a ``target``: the most sensitive layers go back to float until the
+   target holds on the evaluation samples;
+7. Q/DQ written for the chosen layers.
+
+Lossless limit: ``exclude=all`` (or every layer falling back) leaves the graph unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnxslim_kit.activations import iter_activations
+from onnxslim_kit.model import Model
+from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+
+from . import _quant_calib as calib
+from . import _quant_plan as plan_mod
+from ._quant_fallback import Scorer, choose_float_layers, parse_target
+from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
+
+
+@dataclass
+class LayerSpec:
+    name: str
+    op: str
+    inputs: list          # activation tensor names
+    output: str           # Q point after the layer
+    weight_index: int | None
+    weight_axis: int | None
+    bias_index: int | None
+
+
+@dataclass
+class Plan:
+    layers: list
+    params: dict          # tensor name -> (scale, zero point)
+    per_channel: bool
+
+
+@register_pass
+class Int8Pass(Pass):
+    name = "int8"
+    summary = "static int8 QDQ (per-channel weights, calibrated activations, safeguards, fidelity target)"
+    lossless = False
+    options = {
+        "method": Option(str, "percentile", "activation calibration", calib.METHODS),
+        "percentile": Option(float, 99.99, "percentile for method=percentile"),
+        "activations": Option(str, "uint8", "activation type", ("uint8", "int8")),
+        "per_channel": Option(bool, True, "per-output-channel weight scales (needs opset ≥ 13)"),
+        "calib_samples": Option(int, 0, "calibration samples to use (0: the whole feed)"),
+        "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off)"),
+        "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
+        "eval_samples": Option(int, 8, "samples used to score the target"),
+        "include": Option(str, "", "only these layers: 'op:Conv;name:REGEX;first:OP:N;last:OP:N' (';'-separated)"),
+        "exclude": Option(str, "", "keep these layers float, same syntax as include, or 'all' (e.g. last:Conv:1)"),
+        "max_range": Option(float, 1e4, "keep tensors with calibrated |x| above this float (0: off)"),
+        "heads": Option(bool, True, "keep inputs of Sigmoid/Softmax decision heads float"),
+        "log": Option(bool, True, "keep tensors feeding a Log (spectra) float"),
+        "concat_ratio": Option(float, 16.0, "keep Concat outputs float when input ranges differ more (0: off)"),
+    }
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        opts = ctx.options
+        if any(is_quantized(g) for g in model.all_graphs()):
+            result.skip("already quantized (has Q/DQ or integer ops)")
+            return result
+        per_channel = self._prepare_opset(model, opts["per_channel"], result)
+        if per_channel is None:
+            return result
+        for sub in list(model.all_graphs())[1:]:
+            result.skip("layer in an If/Loop body (not calibrated)",
+                        sum(1 for n in sub.nodes if n.op in plan_mod.LAYER_OPS))
+        for node in model.graph.nodes:
+            if not node.name:
+                node.name = model.fresh_name(f"int8/{node.op}")
+        layers = plan_mod.find_layers(model.graph, result)
+        layers = self._filter(layers, opts, result)
+        if not layers:
+            result.skip("no layer to quantize")
+            return result
+        stats = self._calibrate(model, layers, ctx)
+        plan = self._plan(model, layers, stats, opts, per_channel, result)
+        enabled = {spec.name for spec in plan.layers}
+        target = parse_target(opts["target"])
+        if opts["fallback"] and target is not None and enabled:
+            enabled = self._fallback(model, plan, enabled, target, ctx, result)
+        apply_plan(model, plan, enabled, result)
+        result.metrics["layers_int8"] = len(enabled)
+        result.metrics["layers_float"] = len(plan.layers) - len(enabled)
+        return result
+
+    # --- steps ---------------------------------------------------------------------------
+    def _prepare_opset(self, model, per_channel: bool, result):
+        """Per-channel flag to use, upgrading the opset when needed; None: cannot quantize."""
+        if model.opset >= 13:
+            return per_channel
+        if not per_channel and model.opset >= 10:
+            return False
+        upgraded = upgrade_opset(model.to_proto(), 13)
+        if upgraded is not None:
+            result.notes.append(f"opset {model.opset} upgraded to 13 for per-channel DequantizeLinear")
+            result.rewrite("opset→13")
+            model.graph = Model.from_proto(upgraded).graph
+            model.commit()
+            return per_channel
+        if model.opset >= 10:
+            result.notes.append(f"opset {model.opset} could not be upgraded: per-tensor weight scales")
+            return False
+        result.skip("opset < 10 and the upgrade to 13 failed")
+        return None
+
+    def _filter(self, layers, opts, result):
+        include = plan_mod.parse_selectors(opts["include"], "include")
+        exclude = plan_mod.parse_selectors(opts["exclude"], "exclude")
+        keep = plan_mod.select(layers, include) if include else {l.name for l in layers}
+        keep -= plan_mod.select(layers, exclude)
+        result.skip("excluded by include/exclude", len(layers) - len(keep))
+        return [l for l in layers if l.name in keep]
+
+    def _calibrate(self, model, layers, ctx) -> dict:
+        opts = ctx.options
+        tensors = {t.name for l in layers for t in l.inputs + [l.output]}
+        tensors |= {t.name for t in plan_mod.concat_inputs(layers)}
+        names = sorted(tensors)
+        collector = calib.StatsCollector(names)
+        n = opts["calib_samples"]
+        samples = ctx.feed.take(n) if n > 0 else ctx.feed
+        total = n if n > 0 else None
+        for acts in ctx.progress(iter_activations(model.to_proto(), names, samples, threads=1),
+                                 desc="int8 calibration", total=total):
+            collector.update(acts)
+        return collector.stats
+
+    def _plan(self, model, layers, stats, opts, per_channel, result) -> Plan:
+        guards = plan_mod.Guards(opts["max_range"], opts["heads"], opts["log"], opts["concat_ratio"])
+        float_reasons = plan_mod.float_tensors(model.graph, layers, stats, guards)
+        specs, params = [], {}
+        for layer in layers:
+            blocked = [float_reasons[t.name] for t in layer.inputs if t.name in float_reasons]
+            if blocked:
+                result.skip(f"{layer.node.op} kept float: input {blocked[0]}")
+                continue
+            if layer.output.name in float_reasons:
+                result.skip(f"output left float: {float_reasons[layer.output.name]}")
+            for t in layer.inputs + [layer.output]:
+                if t.name not in float_reasons and t.name not in params:
+                    lo, hi = calib.clip_range(stats[t.name], opts["method"], opts["percentile"])
+                    params[t.name] = activation_params(lo, hi, opts["activations"])
+            bias_index = 2 if layer.bias is not None else None
+            specs.append(LayerSpec(layer.name, layer.node.op, [t.name for t in layer.inputs], layer.output.name,
+                                   layer.weight_index, layer.weight_axis, bias_index))
+        return Plan(specs, params, per_channel)
+
+    def _fallback(self, model, plan, enabled, target, ctx, result) -> set:
+        metric, value = target
+        samples = ctx.feed.take(max(1, ctx.options["eval_samples"]))
+        scorer = Scorer(ctx.original, samples, metric)
+        base = model.to_proto()
+
+        def build(chosen: set):
+            trial = Model.from_proto(base)
+            apply_plan(trial, plan, chosen)
+            trial.commit()
+            return trial.to_proto()
+
+        names = [spec.name for spec in plan.layers]
+        float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log)
+        result.skip("kept float for the fidelity target", len(float_layers))
+        result.metrics[f"target_{metric}"] = round(score, 6)
+        result.metrics["fallback_builds"] = scorer.builds
+        if float_layers:
+            result.notes.append("float for the target: " + ", ".join(float_layers[:8])
+                                + (" …" if len(float_layers) > 8 else ""))
+        return enabled - set(float_layers)

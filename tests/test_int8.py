@@ -1,0 +1,268 @@
+"""The ``int8`` pass on hand-built graphs: Q/DQ placement per op type, the encodings, that ORT
+fuses the result into integer kernels, safeguards, selectors, the fidelity target, the
+lossless limit, opset upgrade and already-quantized models."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from conftest import parse, run_ort
+from onnx import numpy_helper
+
+from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.metrics import cosine
+from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
+from onnxslim_kit.runtime import make_session
+
+RNG = np.random.default_rng(0)
+
+
+def build(body: str, inputs: str, inits: dict, outputs: str = "float y", opset: int = 13) -> onnx.ModelProto:
+    text = f'<ir_version: 8, opset_import: ["" : {opset}]>\nq ({inputs}) => ({outputs}) {{\n{body}\n}}'
+    model = onnx.parser.parse_model(text)
+    for out in model.graph.output:
+        out.type.tensor_type.ClearField("shape")  # left to inference
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items())
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def w(*shape, scale=0.3):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def quantize(model, options: str = "", samples: int = 4, passes: str | None = None):
+    feed = CalibrationFeed(input_specs(model), None, num_samples=samples)
+    spec = passes or (f"int8({options})" if options else "int8")
+    out, report = run_pipeline(model, parse_pass_list(spec), feed, verify_samples=samples)
+    return out, report.passes[-1]
+
+
+def ops(model) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def optimized_ops(model, tmp_path) -> Counter:
+    """Op types of ORT's optimized model (optimisations on): shows the integer kernels."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return ops(onnx.load(str(tmp_path / "opt.onnx")))
+
+
+def conv_chain():
+    return build(
+        "c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)\nr1 = Relu (c1)\n"
+        "c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2, b2)\nr2 = Relu (c2)\n"
+        "y = Conv (r2, w3, b3)",
+        "float[1, 3, 16, 16] x",
+        {"w1": w(8, 3, 3, 3), "b1": w(8), "w2": w(8, 8, 3, 3), "b2": w(8), "w3": w(4, 8, 1, 1), "b3": w(4)},
+    )
+
+
+# --- placement and kernels -----------------------------------------------------------------
+
+def test_conv_relu_chain_placement_and_qlinearconv(tmp_path):
+    model = conv_chain()
+    out, rep = quantize(model, "target=none")
+    assert rep.rewrites["Conv→int8"] == 3
+    count = ops(out)
+    # x, r1, r2 quantized once each (Q points after the Relus, none between Conv and Relu);
+    # the last Conv's output is a graph output and stays float
+    assert count["QuantizeLinear"] == 3
+    assert count["DequantizeLinear"] == 3 + 3 + 3  # activations + weights + biases
+    for node in out.graph.node:
+        if node.op_type == "Relu":
+            assert node.output[0] in {q.input[0] for q in out.graph.node if q.op_type == "QuantizeLinear"}
+        if node.op_type == "Conv":
+            assert all(i.endswith(tuple("0123456789")) or "dq" in i for i in node.input)
+    onnx.checker.check_model(out, full_check=True)
+    fused = optimized_ops(out, tmp_path)
+    assert fused["QLinearConv"] == 2  # the last Conv has a float output: no Q, no fusion
+    assert fused["Relu"] == 0  # removed by ORT: the Q (zero point 0) clips
+    assert rep.verification["outputs"]["y"]["cosine"] > 0.99
+
+
+def test_weight_and_bias_encodings():
+    model = conv_chain()
+    out, _ = quantize(model, "target=none")
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    nodes = {o: n for n in out.graph.node for o in n.output}
+    first = next(n for n in out.graph.node if n.op_type == "Conv")
+    x_dq, w_dq, b_dq = (nodes[i] for i in first.input)
+    s_x = inits[x_dq.input[1]]
+    s_w = inits[w_dq.input[1]]
+    w_q = inits[w_dq.input[0]]
+    assert w_q.dtype == np.int8 and np.abs(w_q).max() == 127
+    assert s_w.shape == (8,) and {a.name: a.i for a in w_dq.attribute}["axis"] == 0
+    w1 = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "w1"))
+    np.testing.assert_allclose(s_w, np.abs(w1).reshape(8, -1).max(axis=1) / 127, rtol=1e-6)
+    assert np.abs(w_q * s_w[:, None, None, None] - w1).max() <= s_w.max() / 2 + 1e-7
+    b_q, s_b = inits[b_dq.input[0]], inits[b_dq.input[1]]
+    assert b_q.dtype == np.int32
+    np.testing.assert_allclose(s_b, s_x * s_w, rtol=1e-6)
+    assert inits[x_dq.input[2]].dtype == np.uint8
+
+
+def test_int8_activation_option():
+    out, _ = quantize(conv_chain(), "target=none,activations=int8")
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    zps = [inits[n.input[2]] for n in out.graph.node if n.op_type == "QuantizeLinear"]
+    assert zps and all(z.dtype == np.int8 for z in zps)
+
+
+def test_matmul_gemm_placement_and_kernels(tmp_path):
+    model = build(
+        "h = MatMul (x, w1)\nr = Relu (h)\ng = Gemm <transB = 1> (r, w2, b2)\n"
+        "t = Transpose <perm = [1, 0]> (g)\na = MatMul (g, t)\ny = Sigmoid (a)",
+        "float[4, 32] x",
+        {"w1": w(32, 16), "w2": w(24, 16), "b2": w(24)},
+    )
+    out, rep = quantize(model, "target=none")
+    assert rep.rewrites["MatMul→int8"] == 2 and rep.rewrites["Gemm→int8"] == 1
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    nodes = {o: n for n in out.graph.node for o in n.output}
+    gemm = next(n for n in out.graph.node if n.op_type == "Gemm")
+    assert inits[nodes[gemm.input[1]].input[1]].shape == (24,)  # per output row of B (transB)
+    matmul = next(n for n in out.graph.node if n.op_type == "MatMul" and n.input[1] in nodes
+                  and nodes[n.input[1]].input[0] in inits)
+    assert inits[nodes[matmul.input[1]].input[1]].shape == (16,)  # per column
+    # the attention-like MatMul's output feeds the Sigmoid head: left float
+    assert rep.skipped["output left float: feeds a Sigmoid/Softmax head"] == 1
+    fused = optimized_ops(out, tmp_path)
+    assert fused["QGemm"] == 1
+    assert fused["QLinearMatMul"] + fused["MatMulIntegerToFloat"] == 2
+    assert fused["MatMul"] == 0 and fused["Gemm"] == 0
+
+
+def test_residual_branches_both_fused(tmp_path):
+    model = build(
+        "a = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)\nb = Conv <pads = [1, 1, 1, 1]> (x, w2, b2)\n"
+        "s = Add (a, b)\ny = Conv (s, w3, b3)",
+        "float[1, 4, 8, 8] x",
+        {"w1": w(4, 4, 3, 3), "b1": w(4), "w2": w(4, 4, 3, 3), "b2": w(4), "w3": w(2, 4, 1, 1), "b3": w(2)},
+    )
+    out, _ = quantize(model, "target=none")
+    fused = optimized_ops(out, tmp_path)
+    assert ops(out)["QuantizeLinear"] == 4  # x, a, b, s: the Add sits between DQ and Q
+    assert fused["QLinearConv"] == 2  # the two branches (x read by both through its own DQ)
+
+
+# --- lossless limit, opset, already quantized ------------------------------------------------
+
+def test_exclude_all_is_lossless():
+    model = conv_chain()
+    out, rep = quantize(model, "exclude=all")
+    assert not rep.modified and rep.skipped["excluded by include/exclude"] == 3
+    feeds = {"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    np.testing.assert_array_equal(run_ort(out, feeds)[0], run_ort(model, feeds)[0])
+
+
+def test_fallback_of_every_layer_reproduces_float():
+    model = conv_chain()
+    out, rep = quantize(model, "target=cos:1.0")
+    assert rep.metrics["layers_int8"] == 0 and rep.metrics["layers_float"] == 3
+    assert ops(out)["QuantizeLinear"] == 0
+    feeds = {"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    np.testing.assert_array_equal(run_ort(out, feeds)[0], run_ort(model, feeds)[0])
+
+
+def test_opset11_is_upgraded_and_loads(tmp_path):
+    model = build("c = Conv (x, w1, b1)\nr = Relu (c)\ny = Conv (r, w2)", "float[1, 3, 8, 8] x",
+                  {"w1": w(4, 3, 3, 3), "b1": w(4), "w2": w(2, 4, 1, 1)}, opset=11)
+    out, rep = quantize(model, "target=none")
+    assert rep.rewrites["opset→13"] == 1
+    assert next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx")) == 13
+    assert any(a.name == "axis" for n in out.graph.node if n.op_type == "DequantizeLinear" for a in n.attribute)
+    onnx.checker.check_model(out, full_check=True)
+    make_session(out, opt_level="all", threads=1)
+    assert optimized_ops(out, tmp_path)["QLinearConv"] == 1
+
+
+def test_already_quantized_passes_through():
+    out, _ = quantize(conv_chain(), "target=none")
+    again, rep = quantize(out, "target=none")
+    assert not rep.modified and rep.skipped["already quantized (has Q/DQ or integer ops)"] == 1
+    assert ops(again) == ops(out)
+
+
+# --- safeguards, selectors, target -----------------------------------------------------------
+
+def test_absurd_range_stays_float():
+    # an attention-style mask add of -1e9 feeding a MatMul
+    model = build("m = Add (x, mask)\ny = MatMul (m, w1)", "float[4, 8] x",
+                  {"mask": np.where(np.eye(4, 8) > 0, -1e9, 0).astype(np.float32), "w1": w(8, 8)})
+    out, rep = quantize(model, "target=none")
+    assert rep.skipped["MatMul kept float: input range above 10000"] == 1
+    assert ops(out)["QuantizeLinear"] == 0
+    _, rep_off = quantize(model, "target=none,max_range=0")
+    assert rep_off.rewrites["MatMul→int8"] == 1
+
+
+def test_spectrum_before_log_stays_float():
+    model = build("s = MatMul (x, w1)\np = Mul (s, s)\nf = MatMul (p, w2)\nl = Log (f)\ny = MatMul (l, w3)",
+                  "float[4, 8] x", {"w1": w(8, 8), "w2": np.abs(w(8, 8)) + 0.1, "w3": w(8, 8)})
+    _, rep = quantize(model, "target=none")
+    assert rep.skipped["MatMul kept float: input feeds a Log"] == 2
+    assert rep.rewrites["MatMul→int8"] == 1  # the one after the Log
+    _, rep_off = quantize(model, "target=none,log=false")
+    assert rep_off.rewrites["MatMul→int8"] == 3
+
+
+@pytest.mark.parametrize(
+    "selector, float_names",
+    [("last:Conv:1", {"c3"}), ("first:*:2", {"c1", "c2"}), ("name:^c[13]$", {"c1", "c3"}), ("op:Conv", {"c1", "c2", "c3"})],
+)
+def test_exclude_selectors(selector, float_names):
+    model = conv_chain()
+    for node, name in zip(model.graph.node[::2], ("c1", "c2", "c3")):
+        node.name = name
+    out, rep = quantize(model, f"target=none,exclude={selector}")
+    nodes = {o: n for n in out.graph.node for o in n.output}
+    inits = {t.name for t in out.graph.initializer}
+    int8 = {n.name for n in out.graph.node if n.op_type == "Conv" and n.input[1] not in inits}
+    assert int8 == {"c1", "c2", "c3"} - float_names
+    assert all(nodes[n.input[1]].op_type == "DequantizeLinear" for n in out.graph.node
+               if n.op_type == "Conv" and n.name in int8)
+
+
+def test_include_restricts():
+    model = conv_chain()
+    _, rep = quantize(model, "target=none,include=last:Conv:1")
+    assert rep.rewrites["Conv→int8"] == 1 and rep.skipped["excluded by include/exclude"] == 2
+
+
+def test_target_falls_back_sensitive_layer():
+    # the middle conv sees a tensor with one huge outlier channel: 8 bits cannot hold both
+    scale = np.ones((1, 8, 1, 1), np.float32)
+    scale[0, 0] = 300.0
+    model = build(
+        "c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)\nr1 = Relu (c1)\nm = Mul (r1, s)\n"
+        "c2 = Conv <pads = [1, 1, 1, 1]> (m, w2, b2)\ny = Conv (c2, w3)",
+        "float[1, 3, 12, 12] x",
+        {"w1": w(8, 3, 3, 3), "b1": w(8), "s": scale, "w2": w(8, 8, 3, 3) * (1 / scale.reshape(1, 8, 1, 1)),
+         "b2": w(8), "w3": w(4, 8, 1, 1)},
+    )
+    _, loose = quantize(model, "fallback=false")
+    out, rep = quantize(model, "target=cos:0.9995")
+    assert rep.metrics["target_cos"] >= 0.9995
+    assert loose.verification["outputs"]["y"]["cosine"] < 0.9995
+    assert 1 <= rep.metrics["layers_float"] < 3
+    assert rep.verification["outputs"]["y"]["cosine"] >= 0.9995  # same samples as the target
+
+
+def test_bad_selector_is_a_user_error():
+    from onnxslim_kit.errors import UserError
+
+    with pytest.raises(UserError, match="first:OP:N"):
+        quantize(conv_chain(), "exclude=lastconv")
+    with pytest.raises(UserError, match="cos:VALUE"):
+        quantize(conv_chain(), "target=cosine")
