@@ -48,9 +48,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ._fold_common import (
-    FLOAT_KINDS, apply_each, constant_array, fold_into, is_op, local_producer, match_target,
+    FLOAT_KINDS, apply_each, fold_into, is_op, local_producer, match_target,
     per_channel, rank_of, sole_reader, split_constant,
 )
+from ._graph import const_value
 
 AFFINE_OPS = ("Mul", "Add", "Sub", "Div")
 
@@ -98,10 +99,10 @@ def _plan_gemm(add, graph, node_ids) -> tuple | str | None:
     matmul = local_producer(other, node_ids) if bias is not None else None
     if not is_op(matmul, "MatMul") or len(matmul.inputs) != 2:
         return None
-    weight = constant_array(matmul.inputs[1])
+    weight = const_value(matmul.inputs[1])
     if weight is None or weight.ndim != 2 or weight.dtype.kind not in FLOAT_KINDS:
         return None
-    if constant_array(matmul.inputs[0]) is not None:
+    if const_value(matmul.inputs[0]) is not None:
         return None
     n = weight.shape[1]
     if bias.shape not in ((), (1,), (n,), (1, 1), (1, n)):

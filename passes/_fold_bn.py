@@ -50,10 +50,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ._fold_common import (
-    TARGET_OPS, apply_each, constant_array, fold_into, is_op, local_producer, match_target,
+    TARGET_OPS, apply_each, fold_into, is_op, local_producer, match_target,
     per_channel, rank_of, sole_reader, split_constant,
 )
-from ._graph import attr, new_constant
+from ._graph import attr, const_value, new_constant
 
 
 def _inference_reason(bn) -> str | None:
@@ -71,7 +71,7 @@ def _affine(bn) -> tuple | str:
     reason = _inference_reason(bn)
     if reason:
         return reason
-    params = [constant_array(t) for t in bn.inputs[1:5]]
+    params = [const_value(t) for t in bn.inputs[1:5]]
     if any(p is None for p in params):
         return "bn: non-constant parameters"
     gamma, beta, mean, var = (p.astype(np.float64) for p in params)
@@ -158,7 +158,7 @@ def bn_to_mul_add(graph: gs.Graph, model, result) -> int:
     def rewrite(bn, plan):
         scale, shift, rank = plan
         x, out = bn.inputs[0], bn.outputs[0]
-        dtype = x.dtype if getattr(x, "dtype", None) is not None else constant_array(bn.inputs[1]).dtype
+        dtype = x.dtype if getattr(x, "dtype", None) is not None else const_value(bn.inputs[1]).dtype
         shape = (scale.shape[0],) + (1,) * (rank - 2)
         base = f"fuse_{bn.name or 'bn'}"
         scale_c = new_constant(model, base + "_scale", scale.reshape(shape).astype(dtype))

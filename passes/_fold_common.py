@@ -37,28 +37,15 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ._graph import attr, const_value, new_constant, only_consumer, producer
+from ._graph import attr, const_value, is_onnx_op, new_constant, only_consumer, producer
 
 TARGET_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 FLOAT_KINDS = "f"
 
 
 def is_op(node, *ops: str) -> bool:
-    """``node`` is an ai.onnx op among ``ops`` (onnx-graphsurgeon leaves the default domain None)."""
-    return node is not None and (node.domain or "") in ("", "ai.onnx") and node.op in ops
-
-
-def constant_array(tensor) -> np.ndarray | None:
-    """Value of a constant tensor, also when it is still the output of a ``Constant`` node."""
-    if tensor is None:
-        return None
-    value = const_value(tensor)
-    if value is not None:
-        return value
-    node = producer(tensor)
-    if is_op(node, "Constant") and isinstance(node.attrs.get("value"), gs.Constant):
-        return np.asarray(node.attrs["value"].values)
-    return None
+    """``node`` exists and is an ai.onnx op among ``ops``."""
+    return node is not None and is_onnx_op(node, *ops)
 
 
 def read_only_by(tensor, node) -> bool:
@@ -81,8 +68,8 @@ def split_constant(node) -> tuple:
     if len(node.inputs) != 2:
         return None, None, None
     for index in (1, 0):
-        value = constant_array(node.inputs[index])
-        if value is not None and constant_array(node.inputs[1 - index]) is None:
+        value = const_value(node.inputs[index])
+        if value is not None and const_value(node.inputs[1 - index]) is None:
             return value, index, node.inputs[1 - index]
     return None, None, None
 
@@ -118,20 +105,20 @@ def rank_of(tensor, depth: int = 32) -> int | None:
     (exporters such as paddle2onnx record no intermediate shapes). None when unknown."""
     if tensor.shape is not None:
         return len(tensor.shape)
-    value = constant_array(tensor)
+    value = const_value(tensor)
     if value is not None:
         return value.ndim
     node = producer(tensor)
-    if node is None or depth <= 0 or (node.domain or "") not in ("", "ai.onnx"):
+    if node is None or depth <= 0 or not is_onnx_op(node, node.op):
         return None
     op = node.op
     if op in ("Flatten", "Gemm"):
         return 2
     if op in ("Conv", "ConvTranspose") and len(node.inputs) > 1:
-        weight = constant_array(node.inputs[1])
+        weight = const_value(node.inputs[1])
         return weight.ndim if weight is not None else rank_of(node.inputs[0], depth - 1)
     if op == "Reshape" and len(node.inputs) > 1:
-        shape = constant_array(node.inputs[1])
+        shape = const_value(node.inputs[1])
         return int(shape.size) if shape is not None else None
     if op in _SAME_RANK and node.inputs and node.outputs and node.outputs[0] is tensor:
         return rank_of(node.inputs[0], depth - 1)
@@ -180,13 +167,13 @@ def match_target(node) -> Target | str:
     """``node`` as a fold target, or the reason it is not one."""
     if len(node.inputs) < 2:
         return "no weight"
-    weight = constant_array(node.inputs[1])
-    if weight is None or constant_array(node.inputs[0]) is not None:
+    weight = const_value(node.inputs[1])
+    if weight is None or const_value(node.inputs[0]) is not None:
         return "weight not constant"
     if weight.dtype.kind not in FLOAT_KINDS:
         return "weight not float"
     bias_tensor = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name != "" else None
-    if bias_tensor is not None and constant_array(bias_tensor) is None:
+    if bias_tensor is not None and const_value(bias_tensor) is None:
         return "bias not constant"
     op = node.op
     if op == "Conv":
@@ -256,7 +243,7 @@ def fold_into(target: Target, model, graph, scale, shift, out, consumed: list) -
     if scale is not None:
         _store(model, node, 1, target.weight_tensor, _scaled_weight(target, scale), base + "_weight")
     bias_tensor = target.bias_tensor
-    bias = constant_array(bias_tensor) if bias_tensor is not None else None
+    bias = const_value(bias_tensor) if bias_tensor is not None else None
     dtype = bias.dtype if bias is not None else target.weight.dtype
     new = None if bias is None else bias.astype(np.float64)
     if new is not None and node.op == "Gemm":
