@@ -11,4 +11,5 @@ BUILTIN_PASSES = [
     "prune",
     "int8",
     "dynamic",
+    "int4",
 ]

@@ -1,0 +1,179 @@
+"""Block-wise 4-bit weight quantization: the numbers (RTN) and the two encodings.
+
+Layout. A MatMul ``Y = A · W`` has ``W`` of shape [K, N] (K = reduction axis). We work on
+``Wt = Wᵀ`` [N, K] and cut every row into ``n_blocks = ceil(K / bs)`` blocks of ``bs``
+consecutive K-elements (the last block zero-padded). Each block b of row n has a scale
+``s[n, b]`` and a zero point ``z[n, b]``; codes are unsigned ``q ∈ [0, 15]`` and
+
+    dequant(q) = (q − z) · s
+
+* symmetric:  s = max|w| / 7,  z = 8,  q = clip(rint(w / s) + 8, 1, 15)  (−8 never used, so
+  the grid is symmetric around 0)
+* asymmetric: lo = min(w, 0), hi = max(w, 0), s = (hi − lo) / 15, z = clip(rint(−lo / s), 0, 15),
+  q = clip(rint(w / s) + z, 0, 15)  (0 is always exactly representable)
+* an all-zero block gets s = 1, q = z (dequantizes to exactly 0).
+
+Encodings (both pack two 4-bit codes per byte, the element with the even index in the low
+nibble):
+
+1. ``com.microsoft::MatMulNBits`` (ONNX Runtime contrib op, fast CPU kernel), attributes
+   K, N, bits=4, block_size; inputs A, B: uint8 [N, n_blocks, bs/2], scales: [N, n_blocks]
+   (dtype of A), zero_points: uint8 [N, ceil(n_blocks/2)] packed (absent → 8), g_idx (unused),
+   bias [N] (optional).
+2. ``DequantizeLinear`` (opset 21) with ``axis=0, block_size=bs`` on a [K, N] INT4 tensor
+   (symmetric, no zero point: code − 8) or UINT4 tensor with a UINT4 zero point
+   (asymmetric); scales [n_blocks, N]. The DQ output feeds the original MatMul.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+QMAX = 15
+SYM_ZERO = 8
+
+
+@dataclass
+class QuantizedWeight:
+    """Codes ``q`` uint8 [N, n_blocks·bs] (padding holds the zero point), ``scale`` [N, n_blocks]
+    float32, ``zero`` uint8 [N, n_blocks], and the true reduction length ``k``."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+    k: int
+    block_size: int
+    symmetric: bool
+
+    @property
+    def n(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def n_blocks(self) -> int:
+        return self.scale.shape[1]
+
+
+def block_params(w: np.ndarray, symmetric: bool) -> tuple:
+    """Scale and zero point of each block; ``w`` is [..., bs] (the block on the last axis)."""
+    w = np.asarray(w, dtype=np.float32)
+    if symmetric:
+        scale = np.abs(w).max(axis=-1) / np.float32(7)
+        zero = np.full(scale.shape, SYM_ZERO, dtype=np.uint8)
+    else:
+        lo = np.minimum(w.min(axis=-1), 0)
+        hi = np.maximum(w.max(axis=-1), 0)
+        scale = (hi - lo) / np.float32(QMAX)
+        safe = np.where(scale > 0, scale, 1)
+        zero = np.clip(np.rint(-lo / safe), 0, QMAX).astype(np.uint8)
+    scale = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
+    return scale, zero
+
+
+def quantize_values(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, symmetric: bool) -> np.ndarray:
+    """Codes of ``w`` on the grid given by ``scale``/``zero`` (broadcast against ``w``)."""
+    lo = 1 if symmetric else 0
+    q = np.rint(np.asarray(w, dtype=np.float32) / scale) + zero.astype(np.float32)
+    return np.clip(q, lo, QMAX).astype(np.uint8)
+
+
+def dequantize_values(q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    return (q.astype(np.float32) - zero.astype(np.float32)) * scale
+
+
+def pad_k(wt: np.ndarray, block_size: int) -> np.ndarray:
+    k = wt.shape[1]
+    n_blocks = -(-k // block_size)
+    if n_blocks * block_size == k:
+        return wt
+    return np.pad(wt, ((0, 0), (0, n_blocks * block_size - k)))
+
+
+def quantize_rtn(wt: np.ndarray, block_size: int, symmetric: bool) -> QuantizedWeight:
+    """Round-to-nearest of ``wt`` [N, K]."""
+    n, k = wt.shape
+    blocks = pad_k(np.asarray(wt, dtype=np.float32), block_size).reshape(n, -1, block_size)
+    scale, zero = block_params(blocks, symmetric)
+    q = quantize_values(blocks, scale[..., None], zero[..., None], symmetric)
+    q = _pad_codes(q.reshape(n, -1), zero, k, block_size)
+    return QuantizedWeight(q, scale, zero, k, block_size, symmetric)
+
+
+def _pad_codes(q: np.ndarray, zero: np.ndarray, k: int, block_size: int) -> np.ndarray:
+    """Padding positions (beyond K) hold the block's zero point, so they dequantize to 0."""
+    if q.shape[1] > k:
+        q = q.copy()
+        q[:, k:] = zero[:, -1:]
+    return q
+
+
+def dequantize(qw: QuantizedWeight) -> np.ndarray:
+    """``Wt`` [N, K] as the runtime sees it."""
+    blocks = qw.q.reshape(qw.n, qw.n_blocks, qw.block_size)
+    return dequantize_values(blocks, qw.scale[..., None], qw.zero[..., None]).reshape(qw.n, -1)[:, : qw.k]
+
+
+# --- packing -----------------------------------------------------------------------------
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Two codes per byte along the last axis, even index in the low nibble (odd length: pad 0)."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    if codes.shape[-1] % 2:
+        codes = np.concatenate([codes, np.zeros(codes.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return (codes[..., 0::2] & 0x0F) | ((codes[..., 1::2] & 0x0F) << 4)
+
+
+def unpack_nibbles(packed: np.ndarray, length: int) -> np.ndarray:
+    packed = np.asarray(packed, dtype=np.uint8)
+    out = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (-1,))
+    return out[..., :length]
+
+
+def nbits_arrays(qw: QuantizedWeight, dtype) -> tuple:
+    """(B, scales, zero_points or None) in MatMulNBits layout."""
+    b = pack_nibbles(qw.q.reshape(qw.n, qw.n_blocks, qw.block_size))
+    scales = qw.scale.astype(dtype)
+    zeros = None if qw.symmetric else pack_nibbles(qw.zero)
+    return b, scales, zeros
+
+
+def from_nbits(b: np.ndarray, scales: np.ndarray, zeros, k: int, block_size: int) -> QuantizedWeight:
+    """Inverse of :func:`nbits_arrays` (used by the round-trip tests)."""
+    n, n_blocks, _ = b.shape
+    q = unpack_nibbles(b, block_size).reshape(n, n_blocks * block_size)
+    zero = np.full((n, n_blocks), SYM_ZERO, np.uint8) if zeros is None else unpack_nibbles(zeros, n_blocks)
+    return QuantizedWeight(q, np.asarray(scales, np.float32), zero, k, block_size, zeros is None)
+
+
+def int4_proto(name: str, codes: np.ndarray, signed: bool) -> onnx.TensorProto:
+    """An INT4 (``codes`` − 8) or UINT4 TensorProto, packed as ONNX stores it (flat, low nibble first)."""
+    values = codes.astype(np.int16) - SYM_ZERO if signed else codes.astype(np.int16)
+    flat = (values & 0x0F).astype(np.uint8).ravel()
+    data_type = onnx.TensorProto.INT4 if signed else onnx.TensorProto.UINT4
+    return onnx.helper.make_tensor(name, data_type, list(codes.shape), pack_nibbles(flat).tobytes(), raw=True)
+
+
+def int4_tensor(name: str, codes: np.ndarray, signed: bool) -> gs.Constant:
+    """:func:`int4_proto` as a gs constant (numpy has no 4-bit dtype: the proto is kept as is)."""
+    return gs.Constant(name, LazyValues(int4_proto(name, codes, signed)))
+
+
+def qdq_arrays(qw: QuantizedWeight, dtype) -> tuple:
+    """(codes [K, N], scales [n_blocks, N], zero [n_blocks, N] or None) for blocked DequantizeLinear."""
+    codes = qw.q[:, : qw.k].T
+    return np.ascontiguousarray(codes), np.ascontiguousarray(qw.scale.T.astype(dtype)), (
+        None if qw.symmetric else np.ascontiguousarray(qw.zero.T)
+    )
+
+
+def quantize_int8_columns(w: np.ndarray) -> tuple:
+    """Per-output-column symmetric int8 of ``w`` [K, N]: (codes int8 [K, N], scale [N])."""
+    scale = np.abs(w).max(axis=0) / np.float32(127)
+    scale = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
+    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    return q, scale

@@ -1,0 +1,262 @@
+"""The ``int4`` pass: packing and grids round-trip exactly, on-grid weights survive, both
+encodings compute exactly A·deq(W) (+ bias), GPTQ beats RTN on its objective, heads and
+opset handling, and a real model."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_ort
+from onnx import numpy_helper
+
+from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.metrics import cosine
+from onnxslim_kit.passes import _int4_gptq as gq
+from onnxslim_kit.passes import _int4_quant as iq
+from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
+
+RNG = np.random.default_rng(0)
+
+
+def build(body: str, inputs: str, inits: dict, opset: int = 13) -> onnx.ModelProto:
+    text = f'<ir_version: 8, opset_import: ["" : {opset}]>\nq ({inputs}) => (float y) {{\n{body}\n}}'
+    model = onnx.parser.parse_model(text)
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items())
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def int4(model, options: str = "", samples: int = 4):
+    feed = CalibrationFeed(input_specs(model), None, num_samples=samples)
+    out, report = run_pipeline(model, parse_pass_list(f"int4({options})" if options else "int4"), feed)
+    return out, report.passes[0]
+
+
+def feeds(model, seed=1):
+    return CalibrationFeed(input_specs(model), None, seed=seed).take(1)[0]
+
+
+def inits(model) -> dict:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def dequantized_weights(model) -> list:
+    """[K, N] float weights as the quantized model's MatMulNBits / DequantizeLinear encode them."""
+    values, out = inits(model), []
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "MatMulNBits":
+            zeros = values[node.input[3]] if len(node.input) > 3 and node.input[3] else None
+            qw = iq.from_nbits(values[node.input[1]], values[node.input[2]], zeros, attrs["K"], attrs["block_size"])
+            out.append(iq.dequantize(qw).T)
+        elif node.op_type == "DequantizeLinear":
+            q = values[node.input[0]].astype(np.float32)
+            z = values[node.input[2]].astype(np.float32) if len(node.input) > 2 else 0.0
+            scale = values[node.input[1]]
+            bs = attrs.get("block_size", 0)
+            s = np.repeat(scale, bs, axis=0)[: q.shape[0]] if bs else scale
+            z = np.repeat(z, bs, axis=0)[: q.shape[0]] if bs and np.ndim(z) else z
+            out.append((q - z) * s)
+    return out
+
+
+# --- numbers -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("length", [1, 2, 7, 64])
+def test_nibble_packing_round_trips(length):
+    codes = RNG.integers(0, 16, size=(3, length)).astype(np.uint8)
+    packed = iq.pack_nibbles(codes)
+    assert packed.shape == (3, (length + 1) // 2)
+    assert packed[0, 0] == (codes[0, 0] | ((codes[0, 1] << 4) if length > 1 else 0))  # low nibble first
+    np.testing.assert_array_equal(iq.unpack_nibbles(packed, length), codes)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("k", [64, 70])
+def test_nbits_layout_round_trips_exactly(symmetric, k):
+    qw = iq.quantize_rtn(RNG.standard_normal((5, k)).astype(np.float32), 32, symmetric)
+    b, scales, zeros = iq.nbits_arrays(qw, np.float32)
+    nb = -(-k // 32)
+    assert b.shape == (5, nb, 16) and scales.shape == (5, nb)
+    assert (zeros is None) == symmetric and (symmetric or zeros.shape == (5, (nb + 1) // 2))
+    back = iq.from_nbits(b, scales, zeros, k, 32)
+    np.testing.assert_array_equal(back.q, qw.q)
+    np.testing.assert_array_equal(back.scale, qw.scale)
+    np.testing.assert_array_equal(back.zero, qw.zero)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_int4_tensor_matches_onnx_unpacking(signed):
+    codes = RNG.integers(1 if signed else 0, 16, size=(7, 3)).astype(np.uint8)
+    back = numpy_helper.to_array(iq.int4_proto("w", codes, signed=signed)).astype(np.int16)
+    np.testing.assert_array_equal(back, codes.astype(np.int16) - (8 if signed else 0))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_rtn_error_is_at_most_half_a_step(symmetric):
+    wt = RNG.standard_normal((8, 96)).astype(np.float32)
+    qw = iq.quantize_rtn(wt, 32, symmetric)
+    step = np.repeat(qw.scale, 32, axis=1)
+    assert np.all(np.abs(iq.dequantize(qw) - wt) <= step / 2 * (1 + 1e-5))
+
+
+def on_grid(n, k, bs, symmetric):
+    """A weight on the int4 grid: random codes, every block reaching both ends of its range."""
+    nb = k // bs
+    scale = RNG.uniform(0.01, 0.1, size=(n, nb)).astype(np.float32)
+    if symmetric:
+        zero = np.full((n, nb), 8, np.uint8)
+        q = RNG.integers(1, 16, size=(n, nb, bs)).astype(np.uint8)
+        q[:, :, 0] = 15  # +7 · s: the block's max |w|
+    else:
+        zero = RNG.integers(0, 16, size=(n, nb)).astype(np.uint8)
+        q = RNG.integers(0, 16, size=(n, nb, bs)).astype(np.uint8)
+        q[:, :, 0], q[:, :, 1] = 0, 15
+    return iq.dequantize_values(q, scale[..., None], zero[..., None]).reshape(n, k)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_weight_on_the_grid_survives(symmetric):
+    wt = on_grid(6, 64, 32, symmetric)
+    back = iq.dequantize(iq.quantize_rtn(wt, 32, symmetric))
+    np.testing.assert_allclose(back, wt, rtol=1e-6, atol=1e-7)
+
+
+def test_gptq_beats_rtn_on_its_objective():
+    k, n = 128, 48
+    x = RNG.standard_normal((512, k)).astype(np.float32) @ RNG.standard_normal((k, k)).astype(np.float32)
+    wt = RNG.standard_normal((n, k)).astype(np.float32)
+    xtx = gq.hessian_update(None, x)
+    for symmetric in (True, False):
+        rtn = iq.dequantize(iq.quantize_rtn(wt, 32, symmetric))
+        gptq = iq.dequantize(gq.quantize_gptq(wt, xtx, 32, symmetric))
+        err = lambda w: np.linalg.norm(x @ (wt - w).T)  # noqa: E731
+        assert err(gptq) < 0.85 * err(rtn)
+
+
+def test_gptq_keeps_on_grid_weight():
+    wt = on_grid(8, 64, 32, True)
+    x = RNG.standard_normal((256, 64)).astype(np.float32)
+    back = iq.dequantize(gq.quantize_gptq(wt, gq.hessian_update(None, x), 32, True))
+    np.testing.assert_allclose(back, wt, rtol=1e-5, atol=1e-6)
+
+
+def test_gptq_1024_layer_is_fast():
+    wt = RNG.standard_normal((1024, 1024)).astype(np.float32)
+    x = RNG.standard_normal((256, 1024)).astype(np.float32)
+    start = time.perf_counter()
+    gq.quantize_gptq(wt, gq.hessian_update(None, x), 128, True)
+    assert time.perf_counter() - start < 10
+
+
+# --- the pass on graphs --------------------------------------------------------------------
+
+MATMUL = "y = MatMul(x, W)"
+
+
+@pytest.mark.parametrize("fmt", ["nbits", "qdq"])
+@pytest.mark.parametrize("symmetric", ["true", "false"])
+def test_matmul_computes_a_times_dequantized_weight(fmt, symmetric):
+    model = build(MATMUL, "float[2, 3, 96] x", {"W": RNG.standard_normal((96, 40)).astype(np.float32)})
+    out, report = int4(model, f"format={fmt},symmetric={symmetric}")
+    ops = [n.op_type for n in out.graph.node]
+    assert ("MatMulNBits" in ops) == (fmt == "nbits") and ("DequantizeLinear" in ops) == (fmt == "qdq")
+    (w_deq,) = dequantized_weights(out)
+    x = feeds(model)
+    np.testing.assert_allclose(run_ort(out, x)[0], x["x"] @ w_deq, rtol=1e-4, atol=1e-4)
+    assert report.metrics["weight_ratio"] < (0.16 if symmetric == "true" else 0.17)
+    assert report.verification["status"] == "drift"
+
+
+@pytest.mark.parametrize("fmt", ["nbits", "qdq"])
+def test_on_grid_weight_gives_the_float_outputs(fmt):
+    wt = on_grid(24, 64, 32, True)
+    model = build(MATMUL, "float[4, 64] x", {"W": np.ascontiguousarray(wt.T)})
+    out, _ = int4(model, f"format={fmt}")
+    x = feeds(model)
+    np.testing.assert_allclose(run_ort(out, x)[0], run_ort(model, x)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["nbits", "qdq"])
+def test_gemm_alpha_beta_transb_bias(fmt):
+    b = RNG.standard_normal((24, 64)).astype(np.float32)  # transB: [N, K]
+    c = RNG.standard_normal(24).astype(np.float32)
+    model = build('y = Gemm<alpha=0.5, beta=2.0, transB=1>(x, B, C)', "float[3, 64] x", {"B": b, "C": c})
+    out, report = int4(model, f"format={fmt}")
+    assert "Gemm" not in [n.op_type for n in out.graph.node]
+    (w_deq,) = dequantized_weights(out)
+    x = feeds(model)
+    np.testing.assert_allclose(run_ort(out, x)[0], x["x"] @ w_deq + 2.0 * c, rtol=1e-4, atol=1e-4)
+    assert cosine(run_ort(out, x)[0], run_ort(model, x)[0]) > 0.99
+
+
+def test_skips_are_counted():
+    model = build("h = MatMul(x, W)\nt = Transpose(h)\ny = MatMul(h, t)",
+                  "float[8, 32] x", {"W": RNG.standard_normal((32, 8)).astype(np.float32)})
+    out, report = int4(model)
+    assert report.skipped == {"weight is not a 2-D constant": 1}
+    assert report.rewrites == {"MatMul→int4 nbits": 1}
+
+
+def test_short_reduction_is_skipped():
+    model = build(MATMUL, "float[2, 8] x", {"W": RNG.standard_normal((8, 16)).astype(np.float32)})
+    out, report = int4(model)
+    assert report.skipped == {"reduction axis K < 16": 1} and not report.modified
+
+
+@pytest.mark.parametrize("head", ["float", "int8"])
+def test_skip_last_keeps_the_head(head):
+    model = build(
+        "h = MatMul(x, W1)\nr = Relu(h)\ny = MatMul(r, W2)", "float[4, 64] x",
+        {"W1": RNG.standard_normal((64, 64)).astype(np.float32), "W2": RNG.standard_normal((64, 10)).astype(np.float32)},
+    )
+    out, report = int4(model, f"skip_last=true,head={head}")
+    assert report.rewrites["MatMul→int4 nbits"] == 1
+    if head == "float":
+        assert report.skipped == {"head layer kept float": 1}
+        assert "W2" in inits(out)
+    else:
+        assert report.rewrites["head→int8"] == 1
+        assert any(v.dtype == np.int8 and v.shape == (64, 10) for v in inits(out).values())
+
+
+def test_qdq_upgrades_old_opsets_or_says_why():
+    model = build(MATMUL, "float[2, 64] x", {"W": RNG.standard_normal((64, 16)).astype(np.float32)}, opset=13)
+    out, report = int4(model, "format=qdq")
+    assert out.opset_import[0].version == 21 and report.rewrites == {"MatMul→int4 qdq": 1}
+    out, report = int4(model, "format=qdq,upgrade_opset=false")
+    assert not report.modified and list(report.skipped) == ["qdq needs opset 21, model has 13 (upgrade_opset=false)"]
+
+
+def test_gptq_in_the_pass_beats_rtn():
+    k = 64
+    mix = RNG.standard_normal((k, k)).astype(np.float32)
+    model = build("h = MatMul(x, M)\ny = MatMul(h, W)", f"float[16, {k}] x",
+                  {"M": mix, "W": RNG.standard_normal((k, 32)).astype(np.float32)})
+    fresh = CalibrationFeed(input_specs(model), None, seed=7).take(4)
+    ref = [run_ort(model, f)[0] for f in fresh]
+    cos = {}
+    for method in ("rtn", "gptq"):
+        out, _ = int4(model, f"method={method}", samples=16)
+        cos[method] = min(cosine(r, run_ort(out, f)[0]) for r, f in zip(ref, fresh))
+    assert cos["gptq"] > cos["rtn"]
+
+
+@pytest.mark.realmodel
+def test_mtcnn_onet_int4():
+    from onnxslim_kit.model import load_proto
+    from onnxslim_kit.zoo import fetch
+
+    model = load_proto(fetch("mtcnn_onet"))
+    out, report = int4(model, "method=gptq", samples=8)
+    assert report.rewrites == {"MatMul→int4 nbits": 4}
+    assert report.metrics["weight_ratio"] <= 0.16
+    fresh = CalibrationFeed(input_specs(model), None, seed=5).take(2)
+    for f in fresh:
+        for a, b in zip(run_ort(model, f), run_ort(out, f)):
+            assert cosine(a, b) > 0.99
