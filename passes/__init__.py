@@ -7,9 +7,10 @@ starts with ``_`` are shared helpers, not passes. Third-party passes register th
 """
 
 BUILTIN_PASSES = [
+    "cluster",
+    "svd",
     "fuse",
     "prune",
     "int8",
     "dynamic",
-    "int4",
 ]

@@ -1,0 +1,104 @@
+"""One-dimensional k-means for weight clustering (the numerics behind the ``cluster`` pass).
+
+Given the values ``v`` of a weight (or of one output channel) and a number of centroids ``k``:
+
+1. **Exact limit.** If ``v`` has at most ``k`` distinct values, the codebook is those values
+   (bit-for-bit, in ``v``'s dtype) and every index decodes to exactly the original value.
+2. **Zero kept.** With ``keep_zero`` and at least one exact zero in ``v``, centroid 0.0 is
+   reserved: zeros map to it (so pruned weights stay exactly zero) and the non-zero values
+   are clustered with the remaining ``k − 1`` centroids.
+3. **Lloyd in 1-D.** Minimise Σ (v_i − c_{a(i)})². Initialisation: k-means++ on a seeded
+   sample (deterministic for a given ``seed``). With ``s`` = sorted values and prefix sums
+   ``S``, each Lloyd step is exact and cheap: the nearest-centroid cells are the intervals
+   between midpoints ``(c_j + c_{j+1}) / 2``, found by ``searchsorted``; a cell's new
+   centroid is ``(S[hi] − S[lo]) / (hi − lo)``; an empty cell keeps its centroid. Stop when
+   the cell boundaries no longer move (or after ``max_iter`` steps).
+
+Returns ``(codebook, labels)``: ``codebook[labels]`` is the clustered weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INIT_SAMPLE = 20_000
+
+
+def kmeans_1d(values, k: int, keep_zero: bool = True, seed: int = 0, max_iter: int = 100) -> tuple:
+    """Cluster the 1-D array ``values`` into at most ``k`` centroids: ``(codebook, labels)``."""
+    values = np.asarray(values).ravel()
+    distinct = np.unique(values)
+    if distinct.size <= k:
+        return distinct.copy(), np.searchsorted(distinct, values).astype(np.int64)
+    zero = values == 0
+    if keep_zero and zero.any():
+        nonzero = values[~zero]
+        centroids, inner = kmeans_1d(nonzero, k - 1, keep_zero=False, seed=seed, max_iter=max_iter)
+        codebook = np.concatenate([np.zeros(1, values.dtype), centroids])
+        labels = np.zeros(values.size, np.int64)
+        labels[~zero] = inner + 1
+        return codebook, labels
+    data = values.astype(np.float64)
+    ordered = np.sort(data)
+    centroids = np.sort(_kmeans_pp(ordered, k, np.random.default_rng(seed)))
+    centroids = _lloyd(ordered, centroids, max_iter)
+    codebook = centroids.astype(values.dtype)
+    return codebook, nearest(codebook.astype(np.float64), data)
+
+
+def nearest(sorted_centroids: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Index of the nearest centroid (centroids sorted ascending)."""
+    bounds = (sorted_centroids[:-1] + sorted_centroids[1:]) / 2
+    return np.searchsorted(bounds, data).astype(np.int64)
+
+
+def _kmeans_pp(ordered: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding on a seeded sample of at most INIT_SAMPLE values."""
+    sample = ordered if ordered.size <= INIT_SAMPLE else rng.choice(ordered, INIT_SAMPLE, replace=False)
+    chosen = [sample[rng.integers(sample.size)]]
+    dist = (sample - chosen[0]) ** 2
+    for _ in range(1, k):
+        total = dist.sum()
+        if total <= 0:  # fewer distinct values in the sample than k: spread the rest evenly
+            break
+        pick = sample[rng.choice(sample.size, p=dist / total)]
+        chosen.append(pick)
+        dist = np.minimum(dist, (sample - pick) ** 2)
+    if len(chosen) < k:
+        chosen.extend(np.quantile(ordered, np.linspace(0, 1, k - len(chosen))))
+    return np.array(chosen)
+
+
+def _lloyd(ordered: np.ndarray, centroids: np.ndarray, max_iter: int) -> np.ndarray:
+    prefix = np.concatenate([[0.0], np.cumsum(ordered)])
+    edges = None
+    for _ in range(max_iter):
+        cuts = np.searchsorted(ordered, (centroids[:-1] + centroids[1:]) / 2)
+        new_edges = np.concatenate([[0], cuts, [ordered.size]])
+        if edges is not None and np.array_equal(new_edges, edges):
+            break
+        edges = new_edges
+        counts = np.diff(edges)
+        sums = prefix[edges[1:]] - prefix[edges[:-1]]
+        filled = counts > 0
+        centroids = centroids.copy()
+        centroids[filled] = sums[filled] / counts[filled]
+        centroids = np.sort(centroids)
+    return centroids
+
+
+def cluster_weight(weight: np.ndarray, k: int, per_channel: bool, keep_zero: bool = True, seed: int = 0):
+    """``(codebook, labels)`` for a whole weight: per tensor ``codebook`` is ``(k',)`` and
+    ``labels`` has the weight's shape; per channel (axis 0) ``codebook`` is ``(C, k')`` (short
+    channel codebooks padded with their last centroid) and ``labels`` indexes each row."""
+    if not per_channel:
+        codebook, labels = kmeans_1d(weight, k, keep_zero, seed)
+        return codebook, labels.reshape(weight.shape)
+    rows = weight.reshape(weight.shape[0], -1)
+    books, labels = [], np.empty(rows.shape, np.int64)
+    for c, row in enumerate(rows):
+        book, labels[c] = kmeans_1d(row, k, keep_zero, seed)
+        books.append(book)
+    width = max(b.size for b in books)
+    codebook = np.stack([np.concatenate([b, np.repeat(b[-1:], width - b.size)]) for b in books])
+    return codebook, labels.reshape(weight.shape)

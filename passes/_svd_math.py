@@ -1,0 +1,103 @@
+"""Low-rank factorisation of a weight, plain or whitened by the input statistics.
+
+A layer computes ``Y = X W`` with ``W`` of shape ``k × n`` (``X``: rows of ``k`` inputs — the
+activations of a MatMul/Gemm, the im2col patches of a Conv). We look for ``A`` (``k × r``)
+and ``B`` (``r × n``) with ``X A B ≈ X W``.
+
+* **Plain** (no data, or ``data=false``): truncated SVD ``W = U Σ Vᵀ``, ``A = U_r Σ_r^½``,
+  ``B = Σ_r^½ V_rᵀ`` — optimal for ``‖W − A B‖_F``, i.e. for white inputs (``E[xᵀx] = I``).
+* **Whitened** (data-aware): minimise ``‖X W − X A B‖_F``. The Gram matrix
+  ``S = XᵀX / rows`` is shrunk towards a scaled identity, ``G = (1 − α) S + α μ I`` with
+  ``μ = tr(S) / k`` and the Ledoit–Wolf weight ``α = max(damping, min(b², d²) / d²)``, where
+  ``d² = ‖S − μ I‖²_F`` and ``b² = (Σ_i ‖x_i‖⁴ − rows · ‖S‖²_F) / rows²`` (the sampling noise of
+  ``S``; uses ``Σ_i ‖x_i x_iᵀ − S‖²_F = Σ_i ‖x_i‖⁴ − rows ‖S‖²_F``). So dead or collinear
+  input channels cannot blow up ``L⁻ᵀ``, and a layer seen on few rows (an SE block after
+  global pooling: one row per sample) falls back towards the plain SVD instead of fitting a
+  rank-deficient sample. With the Cholesky factor ``G = L Lᵀ``,
+  ``‖X M‖²_F ≈ tr(Mᵀ G M) = ‖Lᵀ M‖²_F``; so take the SVD ``Lᵀ W = U Σ Vᵀ`` and
+  ``A = L⁻ᵀ U_r Σ_r^½``, ``B = Σ_r^½ V_rᵀ`` (Eckart–Young in the whitened space).
+
+In both cases ``A B = W`` exactly at full rank (``r = min(k, n)``), and the kept energy
+``e(r) = Σ_{i≤r} σ_i² / Σ σ_i²`` gives the layer's output cosine directly: ``Lᵀ A B`` is the
+orthogonal projection of ``Lᵀ W`` onto the top ``r`` singular directions, so
+``⟨XW, XAB⟩ = ‖XAB‖²`` and ``cos(XW, XAB) = √e(r)`` (on the calibration rows; for the plain
+SVD, for white inputs).
+
+Rank rules (first that is set wins): ``rank`` (fixed; −1 = full), ``ratio`` (keep that
+fraction of the parameters: ``r = ⌊ratio · k n / (k + n)⌋``), ``energy`` (smallest ``r`` with
+``e(r) ≥ energy``), ``cosine`` (smallest ``r`` with ``√e(r) ≥ cosine``). Factorising pays off
+in parameters and FLOPs only when ``r (k + n) < k n``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.linalg import cholesky, solve_triangular
+
+DAMPING = 0.01
+
+
+def breakeven_rank(k: int, n: int) -> int:
+    """The largest ``r`` with ``r (k + n) < k n`` (0 if none)."""
+    return max((k * n - 1) // (k + n), 0)
+
+
+def shrinkage(gram: np.ndarray, rows: int, fourth: float, damping: float = DAMPING) -> float:
+    """Ledoit–Wolf weight of the identity target (at least ``damping``; 1 without rows)."""
+    if rows <= 0:
+        return 1.0
+    mu = float(np.trace(gram)) / len(gram)
+    d2 = float(np.sum((gram - mu * np.eye(len(gram))) ** 2))
+    if d2 <= 0:
+        return max(damping, 0.0)
+    b2 = max((fourth - rows * float(np.sum(gram**2))) / rows**2, 0.0)
+    return float(min(max(damping, min(b2, d2) / d2), 1.0))
+
+
+class Factorization:
+    """SVD of ``W`` (``k × n``), optionally whitened by the Gram matrix of the inputs."""
+
+    def __init__(self, weight: np.ndarray, gram: np.ndarray | None = None, rows: int = 0,
+                 fourth: float = 0.0, damping: float = DAMPING):
+        """``gram`` = ``XᵀX / rows``; ``fourth`` = ``Σ_i ‖x_i‖⁴`` (for the shrinkage weight)."""
+        w = np.asarray(weight, dtype=np.float64)
+        self.k, self.n = w.shape
+        self.lower = None
+        self.shrinkage = None
+        if gram is not None:
+            g = np.asarray(gram, dtype=np.float64)
+            self.shrinkage = alpha = shrinkage(g, rows, fourth, damping)
+            mu = float(np.trace(g)) / self.k or 1.0
+            g = (1 - alpha) * g + alpha * mu * np.eye(self.k)
+            self.lower = cholesky(g, lower=True)
+            w = self.lower.T @ w
+        self.u, self.s, self.vt = np.linalg.svd(w, full_matrices=False)
+        total = float(np.sum(self.s**2))
+        self.energy = np.cumsum(self.s**2) / total if total > 0 else np.ones_like(self.s)
+
+    @property
+    def full_rank(self) -> int:
+        return len(self.s)
+
+    def kept_energy(self, r: int) -> float:
+        return float(self.energy[r - 1]) if r > 0 else 0.0
+
+    def choose_rank(self, rank: int = 0, ratio: float = 0.0, energy: float = 0.0, cosine: float = 0.0) -> tuple:
+        """``(r, rule)`` by the first rule that is set (see the module docstring)."""
+        if rank:
+            r = self.full_rank if rank < 0 else min(rank, self.full_rank)
+            return r, f"rank={'full' if rank < 0 else rank}"
+        if ratio:
+            r = int(ratio * self.k * self.n / (self.k + self.n))
+            return min(max(r, 1), self.full_rank), f"ratio={ratio}"
+        target, rule = (energy, f"energy={energy}") if energy else (cosine**2, f"cosine={cosine}")
+        r = int(np.searchsorted(self.energy, min(target, 1.0) - 1e-12) + 1)
+        return min(r, self.full_rank), rule
+
+    def factors(self, r: int) -> tuple:
+        """``(A, B)`` in float64: ``A`` is ``k × r``, ``B`` is ``r × n``."""
+        root = np.sqrt(self.s[:r])
+        a = self.u[:, :r] * root
+        if self.lower is not None:
+            a = solve_triangular(self.lower, a, trans="T", lower=True)
+        return a, root[:, None] * self.vt[:r]

@@ -1,0 +1,131 @@
+"""What the ``svd`` pass needs to know about a layer's input: how many rows it processes per
+inference (for FLOPs and the speed check) and, for the data-aware variant, the Gram matrix
+``G = XᵀX / rows`` of those rows.
+
+Rows of a layer ``Y = X W`` (``W``: ``k × n``):
+
+* MatMul / Gemm: the activation ``X`` reshaped to ``(−1, k)``;
+* Conv (2-D, group 1): the im2col patches — for output position ``(b, i, j)`` the row is
+  ``Xpad[b, :, i·sh + dy·dh, j·sw + dx·dw]`` over the kernel offsets ``(dy, dx)``, flattened in
+  the order of ``W.reshape(n, C·kh·kw)`` (channel, then kernel row, then kernel column).
+
+Rows of one sample beyond ``MAX_ROWS`` are subsampled (seeded) for ``G``; ``rows`` always
+counts all of them. Activations come from :func:`onnxslim_kit.activations.iter_activations`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnxslim_kit.activations import iter_activations
+
+MAX_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    pads: tuple  # (top, left, bottom, right)
+
+
+@dataclass
+class InputStats:
+    rows_per_sample: int = 0
+    samples: int = 0
+    gram: np.ndarray | None = None
+    gram_rows: int = 0
+    fourth: float = 0.0  # Σ ‖x_i‖⁴ over the rows of the Gram matrix
+    shape: tuple = field(default_factory=tuple)
+
+    def add(self, rows: np.ndarray, total_rows: int, want_gram: bool) -> None:
+        self.samples += 1
+        self.rows_per_sample = total_rows
+        if want_gram:
+            r64 = rows.astype(np.float64)
+            g = r64.T @ r64
+            self.gram = g if self.gram is None else self.gram + g
+            self.gram_rows += len(rows)
+            self.fourth += float(np.sum(np.sum(r64**2, axis=1) ** 2))
+
+    @property
+    def normalized_gram(self) -> np.ndarray | None:
+        return None if self.gram is None else self.gram / max(self.gram_rows, 1)
+
+
+def conv_geometry(node, x_shape) -> ConvGeometry | None:
+    """Kernel, strides, dilations and explicit pads of a 2-D Conv (None when not 2-D)."""
+    kernel = tuple(node.inputs[1].values.shape[2:])
+    if len(kernel) != 2 or len(x_shape) != 4:
+        return None
+    strides = tuple(node.attrs.get("strides", [1, 1]))
+    dilations = tuple(node.attrs.get("dilations", [1, 1]))
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for size, k, s, d in zip(x_shape[2:], kernel, strides, dilations):
+            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            small = total // 2
+            pads.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
+        pads = (pads[0][0], pads[1][0], pads[0][1], pads[1][1])
+    elif auto_pad == "VALID":
+        pads = (0, 0, 0, 0)
+    else:
+        pads = tuple(node.attrs.get("pads", [0, 0, 0, 0]))
+    return ConvGeometry(kernel, strides, dilations, pads)
+
+
+def conv_rows(x: np.ndarray, geo: ConvGeometry, rng: np.random.Generator, max_rows: int = MAX_ROWS) -> tuple:
+    """``(patches, total rows)``: im2col rows at (at most ``max_rows``) output positions."""
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = geo.kernel, geo.strides, geo.dilations, geo.pads
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    ho = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
+    wo = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
+    total = x.shape[0] * ho * wo
+    pick = np.arange(total) if total <= max_rows else np.sort(rng.choice(total, max_rows, replace=False))
+    b, rest = np.divmod(pick, ho * wo)
+    oy, ox = np.divmod(rest, wo)
+    iy = oy[:, None] * sh + np.arange(kh) * dh
+    ix = ox[:, None] * sw + np.arange(kw) * dw
+    channels = np.arange(x.shape[1])
+    patches = xp[b[:, None, None, None], channels[None, :, None, None], iy[:, None, :, None], ix[:, None, None, :]]
+    return patches.reshape(len(pick), -1), total
+
+
+def matmul_rows(x: np.ndarray, k: int, rng: np.random.Generator, max_rows: int = MAX_ROWS) -> tuple:
+    rows = x.reshape(-1, k)
+    total = len(rows)
+    if total > max_rows:
+        rows = rows[np.sort(rng.choice(total, max_rows, replace=False))]
+    return rows, total
+
+
+def collect(proto, layers: list, samples, want_gram: bool, seed: int = 0) -> dict:
+    """``{layer.key: InputStats}`` over ``samples`` (one pass through ONNX Runtime); layers that
+    read the same tensor the same way (Q/K/V projections) share one :class:`InputStats`."""
+    rng = np.random.default_rng(seed)
+    names = sorted({layer.input_name for layer in layers})
+    shared, by_layer = {}, {}
+    for values in iter_activations(proto, names, samples, threads=1):
+        seen = set()
+        for layer in layers:
+            x = values[layer.input_name]
+            if layer.kind == "conv" and layer.geometry is None:
+                layer.geometry = conv_geometry(layer.node, x.shape)
+            key = (layer.input_name, layer.kind, layer.k, layer.geometry)
+            entry = by_layer[layer.key] = shared.setdefault(key, InputStats())
+            if key in seen:
+                continue
+            seen.add(key)
+            if layer.kind == "conv":
+                rows, total = conv_rows(x, layer.geometry, rng)
+            else:
+                rows, total = matmul_rows(x, layer.k, rng)
+            entry.shape = tuple(x.shape)
+            entry.add(rows, total, want_gram)
+    return by_layer

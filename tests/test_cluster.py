@@ -1,0 +1,138 @@
+"""``cluster``: 1-D k-means, 4-bit packing, exact limit (bitwise), zero kept, ORT folding, skips."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import run_ort
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.passes._cluster_encode import pack_labels, unpack_labels
+from onnxslim_kit.passes._cluster_kmeans import kmeans_1d
+from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
+
+LLOYD_MAX_16_GAUSSIAN_MSE = 0.009497  # optimal 16-level quantiser of N(0, 1) (Max, 1960)
+
+
+def identity_matmul(weight: np.ndarray, opset: int = 13) -> onnx.ModelProto:
+    """y = I · W: the output *is* the (decoded) weight."""
+    k, n = weight.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [k, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [k, n])],
+        [numpy_helper.from_array(weight.astype(np.float32), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_cluster(model, spec):
+    out, report = run_pipeline(model, parse_pass_list(spec), CalibrationFeed(input_specs(model)))
+    return out, report.passes[0]
+
+
+def decoded(model, k):
+    return run_ort(model, {"x": np.eye(k, dtype=np.float32)})[0]
+
+
+@pytest.mark.parametrize("opset", [9, 13, 21])
+@pytest.mark.parametrize("k,distinct,per_channel", [(16, 11, False), (16, 16, True), (64, 40, False), (256, 256, False)])
+def test_few_distinct_values_are_reproduced_bitwise(opset, k, distinct, per_channel, rng):
+    values = np.concatenate([[0.0], rng.standard_normal(distinct - 1)]).astype(np.float32)
+    weight = rng.choice(values, size=(48, 64))
+    weight.ravel()[:distinct] = values  # every value present
+    model = identity_matmul(weight, opset)
+    out, entry = run_cluster(model, f"cluster(k={k},per_channel={str(per_channel).lower()})")
+    assert sum(entry.rewrites.values()) == 1
+    assert entry.verification["status"] == "ok"
+    onnx.checker.check_model(out, full_check=True)
+    x = np.eye(48, dtype=np.float32) * 0.37 + rng.standard_normal((48, 48)).astype(np.float32)
+    assert np.array_equal(run_ort(model, {"x": x})[0], run_ort(out, {"x": x})[0])
+    assert np.array_equal(decoded(out, 48), weight)
+    assert entry.metrics["bytes_after"] < entry.metrics["bytes_before"]
+
+
+def test_k16_gaussian_reaches_lloyd_max(rng):
+    values = rng.standard_normal(200_000)
+    codebook, labels = kmeans_1d(values, 16)
+    mse = np.mean((codebook[labels] - values) ** 2)
+    assert len(codebook) == 16 and np.all(np.diff(codebook) > 0)
+    assert abs(mse / LLOYD_MAX_16_GAUSSIAN_MSE - 1) < 0.03
+
+
+def test_kmeans_finds_separated_clusters_and_is_deterministic(rng):
+    centers = np.array([-5.0, 1.0, 7.0])
+    values = np.repeat(centers, 1000) + rng.uniform(-0.1, 0.1, 3000)
+    codebook, labels = kmeans_1d(values, 3)
+    for j in range(3):
+        np.testing.assert_allclose(codebook[j], values[labels == j].mean(), atol=1e-12)
+        assert np.all(labels[1000 * j:1000 * (j + 1)] == j)
+    again = kmeans_1d(values, 3)
+    assert np.array_equal(again[0], codebook) and np.array_equal(again[1], labels)
+
+
+def test_zero_stays_an_exact_centroid(rng):
+    weight = rng.standard_normal((64, 64)).astype(np.float32)
+    weight[np.abs(weight) < 0.6] = 0.0  # a pruned weight, ~45 % zeros
+    out, entry = run_cluster(identity_matmul(weight), "cluster(k=8)")
+    clustered = decoded(out, 64)
+    assert np.array_equal(clustered == 0, weight == 0)
+    assert len(np.unique(clustered)) == 8
+    sign_kept = np.sign(clustered[weight != 0]) == np.sign(weight[weight != 0])
+    assert sign_kept.mean() > 0.99
+
+
+@pytest.mark.parametrize("size", [10, 11, 4096])
+def test_pack_roundtrip(size, rng):
+    labels = rng.integers(0, 16, size)
+    stored, packed = pack_labels(labels, 16)
+    assert packed == (size % 2 == 0)
+    assert stored.nbytes == (size // 2 if packed else size)
+    assert np.array_equal(unpack_labels(stored, packed), labels)
+
+
+def test_ort_folds_the_decoder_at_load(tmp_path, rng):
+    weight = rng.standard_normal((128, 96)).astype(np.float32)
+    out, entry = run_cluster(identity_matmul(weight), "cluster(k=16,per_channel=true)")
+    assert entry.verification["outputs"]["y"]["cosine"] > 0.99
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    session = ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(so.optimized_model_filepath)
+    assert [n.op_type for n in optimized.graph.node] == ["MatMul"]
+    x = np.eye(128, dtype=np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], decoded(out, 128))
+
+
+def test_skip_reasons_are_counted(rng):
+    shared = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "s")
+    small = numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "t")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "s"], ["a"]), helper.make_node("MatMul", ["a", "s"], ["b"]),
+         helper.make_node("MatMul", ["b", "t"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [shared, small],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    out, entry = run_cluster(model, "cluster(k=16)")
+    assert not entry.rewrites
+    assert entry.skipped == {"shared weight": 2, "smaller than min_size": 1}
+
+
+@pytest.mark.realmodel
+def test_orientation_k16_shrinks_and_folds(tmp_path):
+    from onnxslim_kit.model import load_proto
+    from onnxslim_kit.zoo import fetch
+
+    original = load_proto(fetch("orientation"))
+    feed = CalibrationFeed(input_specs(original), None, num_samples=1)
+    out, report = run_pipeline(original, parse_pass_list("cluster(k=16)"), feed, verify_samples=1)
+    metrics = report.passes[0].metrics
+    assert metrics["size_ratio"] <= 0.2 and metrics["zlib_size_ratio"] <= 0.2
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    assert not [n for n in onnx.load(so.optimized_model_filepath).graph.node if n.op_type == "Gather"]

@@ -1,0 +1,220 @@
+"""``svd``: factorisation math, rank rules, im2col rows, rewrites (exact at full rank), skips."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import parse, run_ort
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.metrics import compare, cosine
+from onnxslim_kit.passes._svd_math import Factorization, breakeven_rank, shrinkage
+from onnxslim_kit.passes._svd_speed import decide, measured_ratio
+from onnxslim_kit.passes._svd_stats import ConvGeometry, conv_rows
+from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
+
+
+def model_with(nodes, inputs, weights, opset=13):
+    """A float model with output ``y`` (its shape found by running it once)."""
+    def build(out_shape):
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+            [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+    probe = run_ort(build(None), {n: np.zeros(s, np.float32) for n, s in inputs})[0]
+    model = build(list(probe.shape))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def run_svd(model, spec, calib=None):
+    feed = CalibrationFeed(input_specs(model), calib)
+    out, report = run_pipeline(model, parse_pass_list(spec), feed)
+    return out, report.passes[0]
+
+
+def variants(rng):
+    w = rng.standard_normal
+    return {
+        "matmul-3d": model_with([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [2, 5, 12])], {"w": w((12, 7))}),
+        "gemm": model_with([helper.make_node("Gemm", ["x", "w", "c"], ["y"], alpha=0.7, beta=1.3)],
+                           [("x", [4, 12])], {"w": w((12, 9)), "c": w(9)}),
+        "gemm-transB": model_with([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], [("x", [4, 12])],
+                                  {"w": w((9, 12))}, opset=11),
+        "conv1x1-stride-pad": model_with(
+            [helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 0, 1, 0])],
+            [("x", [1, 6, 9, 9])], {"w": w((10, 6, 1, 1)), "b": w(10)}),
+        "conv3x3-dilated": model_with(
+            [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[2, 1, 2, 1], dilations=[2, 1])],
+            [("x", [2, 4, 8, 8])], {"w": w((8, 4, 3, 3)), "b": w(8)}),
+        "conv-same-upper": model_with(
+            [helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
+            [("x", [1, 3, 7, 7])], {"w": w((5, 3, 2, 2))}),
+    }
+
+
+@pytest.mark.parametrize("data", ["true", "false"])
+@pytest.mark.parametrize("name", ["matmul-3d", "gemm", "gemm-transB", "conv1x1-stride-pad", "conv3x3-dilated",
+                                  "conv-same-upper"])
+def test_full_rank_reproduces_outputs(name, data, rng):
+    model = variants(rng)[name]
+    calib = CalibrationFeed(input_specs(model), None, num_samples=8, seed=3).take(8)
+    out, entry = run_svd(model, f"svd(force=true,rank=-1,data={data})", calib)
+    assert entry.lossless and entry.verification["status"] == "ok"
+    assert sum(entry.rewrites.values()) == 1
+    assert len(out.graph.node) == 2
+    onnx.checker.check_model(out, full_check=True)
+    for sample in calib[:3]:
+        drift = compare(run_ort(model, sample)[0], run_ort(out, sample)[0])
+        assert drift.max_rel <= 1e-5
+
+
+def test_breakeven_rank():
+    for k, n in [(4, 2), (120, 360), (256, 256), (1152, 256), (3, 1)]:
+        r = breakeven_rank(k, n)
+        assert r * (k + n) < k * n or r == 0
+        assert (r + 1) * (k + n) >= k * n
+
+
+def test_rank_rules_follow_singular_values(rng):
+    u, _ = np.linalg.qr(rng.standard_normal((8, 8)))
+    v, _ = np.linalg.qr(rng.standard_normal((8, 8)))
+    s = np.array([3.0, 2.0, 1.0, 0.5, 0, 0, 0, 0])
+    fact = Factorization(u @ np.diag(s) @ v.T)
+    # kept energy: 9, 13, 14, 14.25 out of 14.25
+    assert fact.choose_rank(energy=0.9)[0] == 2  # 13/14.25 = 0.912
+    assert fact.choose_rank(cosine=0.99)[0] == 3  # needs 0.9801; 14/14.25 = 0.982
+    assert fact.choose_rank(ratio=0.5)[0] == 2  # ⌊0.5·64/16⌋
+    assert fact.choose_rank(rank=5)[0] == 5 and fact.choose_rank(rank=-1)[0] == 8
+    a, b = fact.factors(4)
+    np.testing.assert_allclose(a @ b, u @ np.diag(s) @ v.T, atol=1e-12)
+
+
+def test_whitening_minimises_output_error(rng):
+    k, n, rows, r = 32, 24, 4000, 6
+    mixing = rng.standard_normal((k, k)) * np.logspace(0, -3, k)  # strongly anisotropic inputs
+    x = rng.standard_normal((rows, k)) @ mixing.T
+    w = rng.standard_normal((k, n))
+    gram = x.T @ x / rows
+    fourth = float(np.sum(np.sum(x**2, axis=1) ** 2))
+    plain = Factorization(w)
+    white = Factorization(w, gram, rows, fourth)
+    assert white.shrinkage < 0.05
+    err = {}
+    for label, fact in (("plain", plain), ("white", white)):
+        a, b = fact.factors(r)
+        err[label] = np.linalg.norm(x @ (w - a @ b)) / np.linalg.norm(x @ w)
+    assert err["white"] < 0.5 * err["plain"]
+    a, b = white.factors(r)
+    estimated = np.sqrt(white.kept_energy(r))
+    assert abs(cosine(x @ w, x @ a @ b) - estimated) < 0.01
+
+
+def test_shrinkage_is_large_for_few_rows(rng):
+    x = rng.standard_normal((3, 20))
+    gram = x.T @ x / 3
+    many = rng.standard_normal((20000, 20)) * np.linspace(1, 3, 20)
+    assert shrinkage(gram, 3, float(np.sum(np.sum(x**2, 1) ** 2))) > 0.3
+    g2 = many.T @ many / len(many)
+    assert shrinkage(g2, len(many), float(np.sum(np.sum(many**2, 1) ** 2))) < 0.05
+
+
+@pytest.mark.parametrize("strides,dilations,pads", [((1, 1), (1, 1), (1, 1, 1, 1)), ((2, 1), (1, 2), (0, 2, 1, 0))])
+def test_conv_rows_match_ort_conv(strides, dilations, pads, rng):
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    model = model_with([helper.make_node("Conv", ["x", "w"], ["y"], strides=list(strides), dilations=list(dilations),
+                                         pads=list(pads))], [("x", list(x.shape))], {"w": w})
+    y = run_ort(model, {"x": x})[0]
+    rows, total = conv_rows(x, ConvGeometry((3, 2), strides, dilations, pads), np.random.default_rng(0), max_rows=10**6)
+    assert total == y.shape[0] * y.shape[2] * y.shape[3]
+    expected = y.transpose(0, 2, 3, 1).reshape(-1, 4)
+    np.testing.assert_allclose(rows @ w.reshape(4, -1).T, expected, rtol=1e-4, atol=1e-4)
+
+
+def low_rank_matmul(rng, k=256, n=256, rank=4, rows=64):
+    w = rng.standard_normal((k, rank)) @ rng.standard_normal((rank, n))
+    return model_with([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [rows, k])], {"w": w})
+
+
+def test_default_finds_the_true_rank(rng):
+    out, entry = run_svd(low_rank_matmul(rng), "svd(measure=false)")
+    assert entry.rewrites == {"matmul → 2 × matmul": 1}
+    ranks = sorted(numpy_helper.to_array(t).shape for t in out.graph.initializer)
+    assert ranks == [(4, 256), (256, 4)]
+    assert entry.verification["outputs"]["y"]["cosine"] >= 0.999
+    assert entry.metrics["flops_after"] == 2 * 64 * 4 * (256 + 256)
+    assert entry.metrics["flops_before"] == 2 * 64 * 256 * 256
+    assert any("plain SVD" in note for note in entry.notes)
+
+
+def test_full_rank_weight_is_left_alone(rng):
+    model = model_with([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [8, 64])],
+                       {"w": rng.standard_normal((64, 64))})
+    out, entry = run_svd(model, "svd(measure=false)")
+    assert not entry.rewrites and entry.skipped == {"rank needed does not pay off": 1}
+    assert len(out.graph.node) == 1
+
+
+def test_calibration_data_makes_it_data_aware(rng):
+    model = low_rank_matmul(rng, k=64, n=64, rank=2, rows=32)
+    calib = CalibrationFeed(input_specs(model), None, num_samples=4).take(4)
+    _, entry = run_svd(model, "svd(measure=false)", calib)
+    assert any(note.startswith("data-aware") for note in entry.notes)
+    assert entry.rewrites and entry.verification["outputs"]["y"]["cosine"] >= 0.999
+
+
+def test_skip_reasons_are_counted(rng):
+    w = rng.standard_normal
+    model = model_with([
+        helper.make_node("Conv", ["x", "dw"], ["a"], group=4),
+        helper.make_node("Flatten", ["a"], ["f"]),
+        helper.make_node("MatMul", ["f", "s"], ["m1"]),
+        helper.make_node("MatMul", ["m1", "s2"], ["m2"]),
+        helper.make_node("MatMul", ["m2", "s2"], ["m3"]),
+        helper.make_node("Gemm", ["m3", "g"], ["m4"], transA=1),
+        helper.make_node("MatMul", ["m4", "bw"], ["y"]),
+    ], [("x", [1, 4, 4, 4])], {"dw": w((4, 1, 3, 3)), "s": w((16, 8)), "s2": w((8, 8)), "g": w((1, 8)),
+                              "bw": w((2, 8, 8))})
+    _, entry = run_svd(model, "svd(measure=false)")
+    assert entry.skipped["grouped conv"] == 1
+    assert entry.skipped["shared weight"] == 2
+    assert entry.skipped["Gemm with transA"] == 1
+    assert entry.skipped["batched (non-2-D) weight"] == 1
+
+
+def test_speed_decision():
+    assert decide("matmul", (1, 64), (64, 64), 1, 64, 64, 40, measure=False) == (False, "saves < 5% of the FLOPs")
+    assert decide("matmul", (4096, 512), (512, 512), 4096, 512, 512, 16) == (True, "FLOPs")
+    ratio = measured_ratio("matmul", (8, 128), (128, 128), 8)
+    assert 0 < ratio < 10
+
+
+@pytest.mark.realmodel
+def test_rec_matmuls_full_rank_is_lossless():
+    from onnxslim_kit.model import load_proto
+    from onnxslim_kit.zoo import fetch
+
+    original = load_proto(fetch("ppocrv4_rec"))
+    feed = CalibrationFeed(input_specs(original), None, input_shapes={"x": [1, 3, 48, 80]}, num_samples=2)
+    _, report = run_pipeline(original, parse_pass_list("svd(force=true,rank=-1,ops=matmul)"), feed)
+    entry = report.passes[0]
+    assert entry.rewrites == {"matmul → 2 × matmul": 9} and not entry.rolled_back
+    assert entry.verification["status"] == "ok"
+
+
+@pytest.mark.realmodel
+def test_onet_data_aware_removes_flops():
+    from onnxslim_kit.model import load_proto
+    from onnxslim_kit.zoo import fetch
+
+    original = load_proto(fetch("mtcnn_onet"))
+    specs = input_specs(original)
+    calib = CalibrationFeed(specs, None, input_shapes={specs[0].name: [4, 48, 48, 3]}, num_samples=16).take(16)
+    _, report = run_pipeline(original, parse_pass_list("svd(measure=false)"), CalibrationFeed(specs, calib))
+    entry = report.passes[0]
+    assert entry.rewrites and entry.metrics["flops_after"] < entry.metrics["flops_before"]
+    assert entry.verification["outputs"]["softmax_2"]["cosine"] >= 0.99  # face / no-face probability
