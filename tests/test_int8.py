@@ -217,6 +217,17 @@ def test_spectrum_before_log_stays_float():
     assert rep_off.rewrites["MatMul→int8"] == 3
 
 
+def test_concat_of_uneven_ranges_stays_float():
+    # box coordinates (~100s) concatenated with scores (~1) before a layer
+    model = build("a = MatMul (x, w1)\nb = Mul (a, big)\nc = Concat <axis = 1> (a, b)\ny = MatMul (c, w2)",
+                  "float[4, 8] x", {"w1": w(8, 8), "big": np.float32(300.0), "w2": w(16, 4)})
+    _, rep = quantize(model, "target=none")
+    assert rep.skipped["MatMul kept float: input Concat of uneven ranges"] == 1
+    assert rep.rewrites["MatMul→int8"] == 1
+    _, rep_off = quantize(model, "target=none,concat_ratio=0")
+    assert rep_off.rewrites["MatMul→int8"] == 2
+
+
 @pytest.mark.parametrize(
     "selector, float_names",
     [("last:Conv:1", {"c3"}), ("first:*:2", {"c1", "c2"}), ("name:^c[13]$", {"c1", "c3"}), ("op:Conv", {"c1", "c2", "c3"})],
