@@ -16,6 +16,7 @@ packed:  q = Cast<INT32>(packed);  hi = Div(q, 16);  lo = Sub(q, Mul(hi, 16))
          idx = Concat<axis=0>(lo, hi)                       # the N labels, in order
 uint8:   idx = Cast<INT32>(labels)
 per tensor:   W = Gather(codebook, Reshape(idx, shape(W)))
+  with channel scales:  W = Mul(Gather(codebook, Reshape(idx, shape(W))), scales as [C, 1, …, 1])
 per channel:  W = Reshape(Gather(codebook, Reshape(idx, [C, N/C]) + k·[0..C−1]ᵀ), shape(W))
 ```
 
@@ -47,7 +48,7 @@ def unpack_labels(stored: np.ndarray, packed: bool) -> np.ndarray:
 
 
 def decode_subgraph(model, graph, weight: gs.Constant, codebook: np.ndarray, stored: np.ndarray,
-                    packed: bool, per_channel: bool) -> gs.Variable:
+                    packed: bool, per_channel: bool, scales: np.ndarray | None = None) -> gs.Variable:
     """Add the decoding nodes to ``graph``; returns the tensor that equals the clustered weight."""
     def const(tag, values):
         return gs.Constant(model.fresh_name(f"cluster/{tag}"), np.ascontiguousarray(values))
@@ -68,7 +69,11 @@ def decode_subgraph(model, graph, weight: gs.Constant, codebook: np.ndarray, sto
     books = const("codebook", codebook.ravel())
     if not per_channel:
         idx = node("Reshape", [idx, const("shape", np.array(shape, np.int64))], shape=shape)
-        return node("Gather", [books, idx], {"axis": 0}, dtype=codebook.dtype, shape=shape)
+        values = node("Gather", [books, idx], {"axis": 0}, dtype=codebook.dtype, shape=shape)
+        if scales is None:
+            return values
+        column = const("scales", scales.reshape((-1,) + (1,) * (len(shape) - 1)))
+        return node("Mul", [values, column], dtype=codebook.dtype, shape=shape)
     channels, width = codebook.shape
     rows = (channels, total // channels)
     idx = node("Reshape", [idx, const("rows", np.array(rows, np.int64))], shape=rows)

@@ -24,24 +24,27 @@ import numpy as np
 INIT_SAMPLE = 20_000
 
 
-def kmeans_1d(values, k: int, keep_zero: bool = True, seed: int = 0, max_iter: int = 100) -> tuple:
-    """Cluster the 1-D array ``values`` into at most ``k`` centroids: ``(codebook, labels)``."""
+def kmeans_1d(values, k: int, keep_zero: bool = True, seed: int = 0, max_iter: int = 100, weights=None) -> tuple:
+    """Cluster the 1-D array ``values`` into at most ``k`` centroids: ``(codebook, labels)``;
+    ``weights`` (same size, positive) weight each value's squared error."""
     values = np.asarray(values).ravel()
+    weights = np.ones(values.size) if weights is None else np.asarray(weights, np.float64).ravel()
     distinct = np.unique(values)
     if distinct.size <= k:
         return distinct.copy(), np.searchsorted(distinct, values).astype(np.int64)
     zero = values == 0
     if keep_zero and zero.any():
-        nonzero = values[~zero]
-        centroids, inner = kmeans_1d(nonzero, k - 1, keep_zero=False, seed=seed, max_iter=max_iter)
+        nonzero = ~zero
+        centroids, inner = kmeans_1d(values[nonzero], k - 1, False, seed, max_iter, weights[nonzero])
         codebook = np.concatenate([np.zeros(1, values.dtype), centroids])
         labels = np.zeros(values.size, np.int64)
-        labels[~zero] = inner + 1
+        labels[nonzero] = inner + 1
         return codebook, labels
     data = values.astype(np.float64)
-    ordered = np.sort(data)
+    order = np.argsort(data, kind="stable")
+    ordered = data[order]
     centroids = np.sort(_kmeans_pp(ordered, k, np.random.default_rng(seed)))
-    centroids = _lloyd(ordered, centroids, max_iter)
+    centroids = _lloyd(ordered, weights[order], centroids, max_iter)
     codebook = centroids.astype(values.dtype)
     return codebook, nearest(codebook.astype(np.float64), data)
 
@@ -69,8 +72,9 @@ def _kmeans_pp(ordered: np.ndarray, k: int, rng: np.random.Generator) -> np.ndar
     return np.array(chosen)
 
 
-def _lloyd(ordered: np.ndarray, centroids: np.ndarray, max_iter: int) -> np.ndarray:
-    prefix = np.concatenate([[0.0], np.cumsum(ordered)])
+def _lloyd(ordered: np.ndarray, weights: np.ndarray, centroids: np.ndarray, max_iter: int) -> np.ndarray:
+    prefix = np.concatenate([[0.0], np.cumsum(weights * ordered)])
+    mass = np.concatenate([[0.0], np.cumsum(weights)])
     edges = None
     for _ in range(max_iter):
         cuts = np.searchsorted(ordered, (centroids[:-1] + centroids[1:]) / 2)
@@ -78,22 +82,39 @@ def _lloyd(ordered: np.ndarray, centroids: np.ndarray, max_iter: int) -> np.ndar
         if edges is not None and np.array_equal(new_edges, edges):
             break
         edges = new_edges
-        counts = np.diff(edges)
+        counts = mass[edges[1:]] - mass[edges[:-1]]
         sums = prefix[edges[1:]] - prefix[edges[:-1]]
-        filled = counts > 0
+        filled = np.diff(edges) > 0
         centroids = centroids.copy()
         centroids[filled] = sums[filled] / counts[filled]
         centroids = np.sort(centroids)
     return centroids
 
 
-def cluster_weight(weight: np.ndarray, k: int, per_channel: bool, keep_zero: bool = True, seed: int = 0):
-    """``(codebook, labels)`` for a whole weight: per tensor ``codebook`` is ``(k',)`` and
-    ``labels`` has the weight's shape; per channel (axis 0) ``codebook`` is ``(C, k')`` (short
-    channel codebooks padded with their last centroid) and ``labels`` indexes each row."""
+def cluster_weight(weight: np.ndarray, k: int, per_channel: bool, keep_zero: bool = True, seed: int = 0,
+                   channel_scale: bool = False):
+    """``(codebook, labels, scales)`` for a whole weight (``scales`` is None unless used).
+
+    * per tensor: ``codebook`` ``(k',)``, ``labels`` of the weight's shape, ``W' = codebook[labels]``;
+    * per channel (axis 0): ``codebook`` ``(C, k')`` (short channel codebooks padded with their
+      last centroid), ``W'[c] = codebook[c, labels[c]]``;
+    * channel scales (per tensor codebook, one scale per row of axis 0): rows are normalised by
+      their RMS ``s_c``, the normalised values clustered with weights ``s_c²`` (so the objective
+      is still the squared error of ``W``), ``W'[c] = s_c · codebook[labels[c]]``. Skipped when
+      the weight has at most ``k`` distinct values (the exact codebook needs no scales).
+    """
     if not per_channel:
+        rows = weight.reshape(weight.shape[0], -1) if weight.ndim >= 2 else None
+        if channel_scale and rows is not None and np.unique(weight).size > k:
+            scales = np.sqrt(np.mean(rows.astype(np.float64) ** 2, axis=1))
+            scales[scales == 0] = 1.0
+            scales = scales.astype(weight.dtype)
+            normalised = rows / scales[:, None]
+            weights = np.repeat(scales.astype(np.float64) ** 2, rows.shape[1])
+            codebook, labels = kmeans_1d(normalised, k, keep_zero, seed, weights=weights)
+            return codebook, labels.reshape(weight.shape), scales
         codebook, labels = kmeans_1d(weight, k, keep_zero, seed)
-        return codebook, labels.reshape(weight.shape)
+        return codebook, labels.reshape(weight.shape), None
     rows = weight.reshape(weight.shape[0], -1)
     books, labels = [], np.empty(rows.shape, np.int64)
     for c, row in enumerate(rows):
@@ -101,4 +122,4 @@ def cluster_weight(weight: np.ndarray, k: int, per_channel: bool, keep_zero: boo
         books.append(book)
     width = max(b.size for b in books)
     codebook = np.stack([np.concatenate([b, np.repeat(b[-1:], width - b.size)]) for b in books])
-    return codebook, labels.reshape(weight.shape)
+    return codebook, labels.reshape(weight.shape), None

@@ -9,7 +9,11 @@ W (float, N values) ──▶ Conv          codebook (k floats), labels (uint8 o
 
 ``W' = codebook[labels]`` where ``codebook, labels = kmeans(W, k)`` (:mod:`._cluster_kmeans`),
 per tensor or per row of ``W`` (``per_channel``: axis 0, the output channel of Conv and of
-Gemm with ``transB=1``; for MatMul/Gemm ``transB=0`` it is an input row). Encoding and the
+Gemm with ``transB=1``; for MatMul/Gemm ``transB=0`` it is an input row). Default per tensor
+with ``channel_scale``: ``W'[c] = s_c · codebook[labels[c]]``, ``s_c`` the RMS of row ``c`` — one
+extra float per row, and necessary after BatchNorm folding, where output channels differ in
+scale by orders of magnitude (measured on the orientation model after ``fuse``: output cosine
+0.35 without scales, 0.99995 with them). Encoding and the
 decoding subgraph: :mod:`._cluster_encode` — ORT folds the decoder at session creation with
 optimisations on, so the model runs on plain float weights (same latency as unclustered).
 
@@ -21,7 +25,7 @@ Conditions (each failure is a counted reason, never an error):
 3. the codebook + labels take fewer bytes than the float weight.
 
 Exact limit: a weight with at most ``k`` distinct values is stored losslessly (the codebook is
-its distinct values, bit for bit). With ``keep_zero`` (default) exact zeros keep an exact 0.0
+its distinct values, bit for bit, and no scales). With ``keep_zero`` (default) exact zeros keep an exact 0.0
 centroid, so a pruned model stays pruned. Metrics: serialized model bytes before/after, raw
 and zlib-compressed (what a download or a compressed container costs).
 """
@@ -60,6 +64,7 @@ class ClusterPass(Pass):
         "per_channel": Option(bool, False, "one codebook per row of the weight (axis 0) instead of per tensor"),
         "min_size": Option(int, 1024, "leave weights with fewer elements unclustered"),
         "keep_zero": Option(bool, True, "keep 0.0 as an exact centroid when the weight has zeros"),
+        "channel_scale": Option(bool, True, "per tensor: one RMS scale per row (axis 0), shared codebook"),
     }
 
     def run(self, model, ctx) -> PassResult:
@@ -83,12 +88,13 @@ class ClusterPass(Pass):
             weight = node.inputs[index]
             values = const_value(weight)
             per_channel = opts["per_channel"] and values.ndim >= 2
-            codebook, labels = cluster_weight(values, k, per_channel, opts["keep_zero"])
+            codebook, labels, scales = cluster_weight(values, k, per_channel, opts["keep_zero"],
+                                                      channel_scale=opts["channel_scale"])
             stored, packed = pack_labels(labels, codebook.shape[-1])
-            if codebook.nbytes + stored.nbytes >= values.nbytes:
+            if codebook.nbytes + stored.nbytes + (0 if scales is None else scales.nbytes) >= values.nbytes:
                 result.skip("encoding not smaller than the float weight")
                 continue
-            node.inputs[index] = decode_subgraph(model, graph, weight, codebook, stored, packed, per_channel)
+            node.inputs[index] = decode_subgraph(model, graph, weight, codebook, stored, packed, per_channel, scales)
             result.rewrite(f"{node.op} weight → codebook + {'4-bit' if packed else 'uint8'} indices")
             clustered += 1
             params += values.size

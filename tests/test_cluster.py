@@ -72,15 +72,31 @@ def test_kmeans_finds_separated_clusters_and_is_deterministic(rng):
     assert np.array_equal(again[0], codebook) and np.array_equal(again[1], labels)
 
 
-def test_zero_stays_an_exact_centroid(rng):
+@pytest.mark.parametrize("channel_scale", [False, True])
+def test_zero_stays_an_exact_centroid(channel_scale, rng):
     weight = rng.standard_normal((64, 64)).astype(np.float32)
     weight[np.abs(weight) < 0.6] = 0.0  # a pruned weight, ~45 % zeros
-    out, entry = run_cluster(identity_matmul(weight), "cluster(k=8)")
+    out, entry = run_cluster(identity_matmul(weight), f"cluster(k=8,channel_scale={str(channel_scale).lower()})")
     clustered = decoded(out, 64)
     assert np.array_equal(clustered == 0, weight == 0)
-    assert len(np.unique(clustered)) == 8
+    levels = [len(np.unique(row)) for row in clustered]
+    assert max(levels) <= 8 and (channel_scale or len(np.unique(clustered)) == 8)
     sign_kept = np.sign(clustered[weight != 0]) == np.sign(weight[weight != 0])
     assert sign_kept.mean() > 0.99
+
+
+def test_channel_scales_protect_small_rows(rng):
+    """Rows whose scales differ by 1000× (BN folded into a conv): a shared codebook without
+    scales spends all centroids on the large rows and flattens the small ones to ~0."""
+    weight = (rng.standard_normal((64, 128)) * np.logspace(-3, 0, 64)[:, None]).astype(np.float32)
+    errors = {}
+    for flag in ("false", "true"):
+        out, _ = run_cluster(identity_matmul(weight), f"cluster(k=16,channel_scale={flag})")
+        clustered = decoded(out, 64)
+        row_err = np.linalg.norm(clustered - weight, axis=1) / np.linalg.norm(weight, axis=1)
+        errors[flag] = np.median(row_err)
+    assert errors["true"] < 0.15  # ≈ √(Lloyd–Max MSE) ≈ 0.1 for every row
+    assert errors["false"] > 0.5
 
 
 @pytest.mark.parametrize("size", [10, 11, 4096])
