@@ -151,11 +151,11 @@ class CalibrationFeed:
                 shape = self.concrete_shape(spec)
                 kind = spec.dtype.kind
                 if kind == "f":
-                    sample[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+                    sample[spec.name] = np.asarray(rng.standard_normal(shape), dtype=spec.dtype)
                 elif kind in "iu":
-                    sample[spec.name] = rng.integers(0, 16, size=shape).astype(spec.dtype)
+                    sample[spec.name] = np.asarray(rng.integers(0, 16, size=shape), dtype=spec.dtype)
                 elif kind == "b":
-                    sample[spec.name] = rng.random(shape) < 0.5
+                    sample[spec.name] = np.asarray(rng.random(shape) < 0.5)
                 else:
                     raise UserError(
                         f"cannot generate data for input {spec.name!r} of type {spec.dtype}; pass --calib"

@@ -243,7 +243,8 @@ def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) 
                 detached, str(tmp_model), save_as_external_data=True,
                 all_tensors_to_one_file=True, location=data_name, size_threshold=1024,
             )
-            os.replace(tmpdir / data_name, path.parent / data_name)
+            if (tmpdir / data_name).exists():  # absent when every tensor is under the size threshold
+                os.replace(tmpdir / data_name, path.parent / data_name)
         else:
             with open(tmp_model, "wb") as fh:
                 fh.write(proto.SerializeToString())

@@ -87,3 +87,16 @@ def test_input_shapes_parsing_and_validation():
         CalibrationFeed(SPECS, None, {"nope": [1]})
     with pytest.raises(UserError, match="rank 2"):
         CalibrationFeed(SPECS, None, {"img": [1, 3]})
+
+
+def test_generated_scalars_are_arrays():
+    model = parse("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (bool c, float s, int64 n) => (bool y, float z, int64 m) {
+      y = Identity (c)
+      z = Identity (s)
+      m = Identity (n)
+    }
+    """)
+    sample = CalibrationFeed(input_specs(model), None).take(1)[0]
+    assert all(isinstance(v, np.ndarray) and v.shape == () for v in sample.values())

@@ -122,3 +122,8 @@ def test_subgraphs_are_visited():
     graphs = list(model.all_graphs())
     assert len(graphs) == 3
     assert any("1 Constant" in n for n in model.load_notes)
+
+
+def test_external_data_with_only_small_tensors(tmp_path):
+    path = save_proto(parse(TINY), tmp_path / "small.onnx", external_data=True)
+    assert load_proto(path).graph.node[0].op_type == "Constant"
