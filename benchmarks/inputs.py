@@ -127,25 +127,25 @@ def _det(name, path, split, n, seed):
     return samples, boxes
 
 
-def _rec(name, path, split, n, seed):
-    rng, words = rng_for(name, split, seed), _words(split)
-    samples, labels = [], []
-    for _ in range(n):
-        text = render.text_snippet(rng, words, max_chars=int(rng.integers(6, 15)))
-        samples.append({"x": line_tensor(render.text_line(rng, text), *REC_SHAPE)})
-        labels.append(text)
-    return samples, labels
-
-
-def _cls(name, path, split, n, seed):
+def _lines(name, split, n, seed, shape, flip):
+    """Text lines (label: the string), or with ``flip`` every other one turned 180° (label 0/1)."""
     rng, words = rng_for(name, split, seed), _words(split)
     samples, labels = [], []
     for i in range(n):
-        line = render.text_line(rng, render.text_snippet(rng, words, max_chars=int(rng.integers(6, 14))))
-        flipped = i % 2
-        samples.append({"x": line_tensor(np.ascontiguousarray(line[::-1, ::-1]) if flipped else line, *CLS_SHAPE)})
-        labels.append(flipped)
+        text = render.text_snippet(rng, words, max_chars=int(rng.integers(6, 15)))
+        line = render.text_line(rng, text)
+        turned = flip and i % 2 == 1
+        samples.append({"x": line_tensor(np.ascontiguousarray(line[::-1, ::-1]) if turned else line, *shape)})
+        labels.append(int(turned) if flip else text)
     return samples, labels
+
+
+def _rec(name, path, split, n, seed):
+    return _lines(name, split, n, seed, REC_SHAPE, flip=False)
+
+
+def _cls(name, path, split, n, seed):
+    return _lines(name, split, n, seed, CLS_SHAPE, flip=True)
 
 
 def _orientation(name, path, split, n, seed):

@@ -26,6 +26,19 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def decision_metric(task: str, decide, labels: list, extra=None):
+    """The common hook: ``decide(outputs) -> [decision per sample]`` scored against the labels
+    (``score``, ``score_original``) and against the original's decisions (``agreement``);
+    ``extra(decisions) -> dict`` adds task-specific numbers for the variant."""
+    def hook(reference, outputs):
+        ref, got = decide(reference), decide(outputs)
+        result = {"task": task, "score": _mean(g == t for g, t in zip(got, labels)),
+                  "score_original": _mean(r == t for r, t in zip(ref, labels)),
+                  "agreement": _mean(g == r for g, r in zip(got, ref))}
+        return {**result, **(extra(got) if extra else {})}
+    return hook
+
+
 # --- recognition (CTC) -------------------------------------------------------------------
 
 def ctc_decode(probs: np.ndarray, charset: list) -> list:
@@ -59,16 +72,9 @@ def recognition_metric(labels: list, charset: list, name: str, index: int = 0):
     def texts(outputs):
         return [t for o in outputs for t in ctc_decode(output(o, name, index), charset)]
 
-    def hook(reference, outputs):
-        ref, got = texts(reference), texts(outputs)
-        return {
-            "task": "string accuracy",
-            "score": _mean(p == t for p, t in zip(got, labels)),
-            "score_original": _mean(p == t for p, t in zip(ref, labels)),
-            "char_accuracy": _mean(char_accuracy(p, t) for p, t in zip(got, labels)),
-            "agreement": _mean(p == r for p, r in zip(got, ref)),
-        }
-    return hook
+    def extra(got):
+        return {"char_accuracy": _mean(char_accuracy(p, t) for p, t in zip(got, labels))}
+    return decision_metric("string accuracy", texts, labels, extra)
 
 
 # --- classification ----------------------------------------------------------------------
@@ -86,15 +92,7 @@ def classification_metric(labels: list, name: str, index: int = 0, task: str = "
                 out.extend((probs[:, positive] > threshold).astype(int).tolist())
         return out
 
-    def hook(reference, outputs):
-        ref, got = decide(reference), decide(outputs)
-        return {
-            "task": task,
-            "score": _mean(p == t for p, t in zip(got, labels)),
-            "score_original": _mean(p == t for p, t in zip(ref, labels)),
-            "agreement": _mean(p == r for p, r in zip(got, ref)),
-        }
-    return hook
+    return decision_metric(task, decide, labels)
 
 
 # --- maps: text detection, face proposals ------------------------------------------------
@@ -135,15 +133,7 @@ def vad_metric(labels: list, name: str = "output", index: int = 0, threshold: fl
     def decide(outputs):
         return [int(float(output(o, name, index).ravel()[0]) > threshold) for o in outputs]
 
-    def hook(reference, outputs):
-        ref, got = decide(reference), decide(outputs)
-        return {
-            "task": "speech/non-speech accuracy",
-            "score": _mean(p == t for p, t in zip(got, labels)),
-            "score_original": _mean(p == t for p, t in zip(ref, labels)),
-            "agreement": _mean(p == r for p, r in zip(got, ref)),
-        }
-    return hook
+    return decision_metric("speech/non-speech accuracy", decide, labels)
 
 
 # --- sentence embeddings ------------------------------------------------------------------------
@@ -158,12 +148,4 @@ def retrieval_metric(partners: list, name: str = "sentence_embedding", index: in
         np.fill_diagonal(sim, -np.inf)
         return np.argmax(sim, axis=1).tolist()
 
-    def hook(reference, outputs):
-        ref, got = neighbours(reference), neighbours(outputs)
-        return {
-            "task": "paraphrase retrieval",
-            "score": _mean(g == p for g, p in zip(got, partners)),
-            "score_original": _mean(r == p for r, p in zip(ref, partners)),
-            "agreement": _mean(g == r for g, r in zip(got, ref)),
-        }
-    return hook
+    return decision_metric("paraphrase retrieval", neighbours, partners)
