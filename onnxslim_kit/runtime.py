@@ -10,6 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -50,9 +51,23 @@ def make_session(
         return ort.InferenceSession(str(path), so, providers=providers)
 
 
+_FLOAT_INPUTS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
 def run(session: ort.InferenceSession, sample: dict) -> dict:
-    """Run one sample; returns {output name: array}. Extra keys in ``sample`` are ignored."""
-    names = [i.name for i in session.get_inputs()]
-    feed = {name: sample[name] for name in names if name in sample}
+    """Run one sample; returns {output name: array}. Extra keys in ``sample`` are ignored.
+
+    Float arrays are cast to the float type the session declares for that input (a float16
+    model with float16 inputs runs on the same float32 samples as the original).
+    """
+    feed = {}
+    for spec in session.get_inputs():
+        if spec.name not in sample:
+            continue
+        value = sample[spec.name]
+        want = _FLOAT_INPUTS.get(spec.type)
+        if want is not None and isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype != want:
+            value = value.astype(want)
+        feed[spec.name] = value
     outputs = [o.name for o in session.get_outputs()]
     return dict(zip(outputs, session.run(outputs, feed)))

@@ -13,4 +13,5 @@ BUILTIN_PASSES = [
     "prune",
     "int8",
     "dynamic",
+    "fp16",
 ]

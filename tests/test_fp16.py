@@ -1,0 +1,208 @@
+"""The ``fp16`` pass: Casts at the edges, block lists, the exact limit (everything blocked),
+overflow and drift fallback, island merging, subgraphs, and a real model."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_ort
+from onnx import numpy_helper
+
+from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.metrics import cosine
+from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
+
+RNG = np.random.default_rng(0)
+F16 = onnx.TensorProto.FLOAT16
+
+
+def build(body: str, inputs: str, inits: dict, outputs: str = "float y", opset: int = 17) -> onnx.ModelProto:
+    text = f'<ir_version: 8, opset_import: ["" : {opset}]>\nq ({inputs}) => ({outputs}) {{\n{body}\n}}'
+    model = onnx.parser.parse_model(text)
+    for out in model.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items())
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def fp16(model, options: str = "", samples: int = 4):
+    feed = CalibrationFeed(input_specs(model), None, num_samples=samples)
+    out, report = run_pipeline(model, parse_pass_list(f"fp16({options})" if options else "fp16"), feed)
+    return out, report.passes[0]
+
+
+def feeds(model, seed=3):
+    return CalibrationFeed(input_specs(model), None, seed=seed).take(1)[0]
+
+
+def ops(model) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def elem(model, name) -> int:
+    for v in list(model.graph.input) + list(model.graph.output):
+        if v.name == name:
+            return v.type.tensor_type.elem_type
+    raise KeyError(name)
+
+
+CONV_NET = """
+c1 = Conv<pads=[1,1,1,1]>(x, W1, B1)
+r1 = Relu(c1)
+c2 = Conv<pads=[1,1,1,1]>(r1, W2)
+s = Sigmoid(c2)
+y = Mul(s, r1)
+"""
+
+
+def conv_net():
+    return build(CONV_NET, "float[1, 16, 12, 12] x", {
+        "W1": RNG.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1,
+        "B1": RNG.standard_normal(16).astype(np.float32),
+        "W2": RNG.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1,
+    })
+
+
+def test_conv_net_runs_in_half_with_casts_at_the_edges():
+    model = conv_net()
+    out, report = fp16(model)
+    assert report.rewrites == {"node→float16": 5, "Cast inserted": 2}
+    assert ops(out)["Cast"] == 2
+    assert elem(out, "x") == onnx.TensorProto.FLOAT and elem(out, "y") == onnx.TensorProto.FLOAT
+    assert {t.data_type for t in out.graph.initializer} == {F16}
+    assert out.ByteSize() < 0.55 * model.ByteSize()
+    x = feeds(model)
+    a, b = run_ort(model, x)[0], run_ort(out, x)[0]
+    assert cosine(a, b) > 0.9999 and np.abs(a - b).max() < 1e-2 * np.abs(a).max()
+    assert report.verification["status"] == "drift"
+
+
+def test_keep_io_false_gives_half_inputs_and_outputs():
+    model = conv_net()
+    out, report = fp16(model, "keep_io=false")
+    assert elem(out, "x") == F16 and elem(out, "y") == F16
+    assert ops(out)["Cast"] == 0 and report.rewrites == {"node→float16": 5}
+    x = feeds(model)
+    y = run_ort(out, {"x": x["x"].astype(np.float16)})[0]
+    assert y.dtype == np.float16 and cosine(run_ort(model, x)[0], y) > 0.9999
+
+
+@pytest.mark.parametrize("options", ["block_names=.*", "block_ops=Conv;Relu;Sigmoid;Mul"])
+def test_everything_blocked_reproduces_float32_exactly(options):
+    model = conv_net()
+    out, report = fp16(model, options)
+    assert not report.modified and report.skipped
+    x = feeds(model)
+    np.testing.assert_array_equal(run_ort(out, x)[0], run_ort(model, x)[0])
+
+
+def test_user_block_list_keeps_those_nodes_float32():
+    model = conv_net()
+    out, report = fp16(model, "block_ops=Sigmoid,merge_limit=-1")
+    assert report.skipped["block list: Sigmoid"] == 1
+    # x → Cast → … c2 → Cast(f32) → Sigmoid → Cast(f16) → Mul → Cast(f32) → y
+    assert ops(out)["Cast"] == 4 and report.rewrites["node→float16"] == 4
+    # with merging, Conv2 (2304 weights) and Mul join Sigmoid's float32 island: 2 Casts
+    out, report = fp16(model, "block_ops=Sigmoid")
+    assert ops(out)["Cast"] == 2 and report.skipped["float32 to save Casts (island merge)"] == 2
+
+
+def test_default_block_list_and_shape_computation():
+    model = build(
+        """
+        h = Relu(x)
+        r = Resize<mode="nearest">(h, , sc)
+        sh = Shape(r)
+        shf = Cast<to=1>(sh)
+        half = Div(shf, two)
+        hi = Cast<to=7>(half)
+        y = Reshape(r, hi)
+        """,
+        "float[1, 2, 4, 4] x", {"sc": np.array([1, 1, 2, 2], np.float32), "two": np.array(1.0, np.float32)},
+    )
+    out, report = fp16(model, "target=none")
+    assert report.skipped["block list: Resize"] == 1
+    assert report.skipped["shape computation"] == 1  # Div of sizes stays exact
+    assert report.skipped["block list: Cast"] == 2  # type-boundary ops keep their types
+    x = feeds(model)
+    np.testing.assert_allclose(run_ort(out, x)[0], run_ort(model, x)[0], rtol=1e-3, atol=1e-3)
+
+
+def test_overflowing_values_stay_float32_and_no_inf_appears():
+    w = np.full((16, 16), 300.0, np.float32)
+    model = build("h = MatMul(x, W)\nr = Relu(h)\nm = Mul(r, k)\ny = Tanh(m)",
+                  "float[4, 16] x", {"W": w, "k": np.array(1e-4, np.float32)})
+    x = {"x": np.abs(feeds(model)["x"]) * 30}
+    assert np.abs(run_ort(model, x)[0]).max() < np.inf
+    feed = CalibrationFeed(input_specs(model), [x])
+    out, report = run_pipeline(model, parse_pass_list("fp16(merge_limit=-1)"), feed)
+    entry = report.passes[0]
+    assert entry.skipped["values overflow float16"] == 3  # MatMul output, Relu in and out, Mul in
+    assert entry.rewrites["node→float16"] == 1  # Tanh
+    y = run_ort(out, x)[0]
+    assert np.all(np.isfinite(y)) and cosine(run_ort(model, x)[0], y) > 0.999
+    assert entry.verification["outputs"]["y"]["nonfinite_mismatch"] is False
+
+
+def test_drift_target_moves_the_guilty_nodes_to_float32():
+    # (x + 1000) − 1000 loses x's low bits in float16 (spacing 0.5 at 1000): cosine ≈ 0.98.
+    # ORT's CPU provider computes Add/Sub in float32 (no float16 kernels) and hides this, so
+    # the pass measures a float16-rounding emulation.
+    model = build("a = Add(x, big)\nb = Sub(a, big)\nc = Mul(b, two)\ny = Relu(c)",
+                  "float[1, 256] x", {"big": np.array(1000.0, np.float32), "two": np.array(2.0, np.float32)})
+    _, loose = fp16(model, "target=none,merge_limit=-1")
+    assert loose.metrics["cosine_fp16_emulated"] < 0.999
+    assert loose.rewrites["node→float16"] == 4
+    out, report = fp16(model, "target=cos:0.9999,merge_limit=-1")
+    assert report.metrics["cosine_fp16_emulated"] >= 0.9999
+    assert report.skipped["float32 for the drift target / NaN-Inf"] >= 1
+    assert report.metrics["amp_evaluations"] >= 2
+    assert 1 <= report.rewrites["node→float16"] <= 3  # not everything went back to float32
+    half_outputs = {n.output[0] for n in out.graph.node if n.op_type in ("Add", "Sub", "Mul", "Relu")
+                    and any(v.name == n.output[0] and v.type.tensor_type.elem_type == F16
+                            for v in list(out.graph.value_info) + list(out.graph.output))}
+    assert "a" not in half_outputs  # x + 1000 is where the bits are lost
+
+
+def test_island_merge_removes_casts_between_float32_nodes():
+    # Relu sits between two float32 (blocked) nodes: in float16 it costs two Casts, so it moves
+    model = build("a = Sigmoid(x)\nb = Relu(a)\nc = Tanh(b)\nd = Conv(c, W)\ny = Relu(d)",
+                  "float[1, 4, 8, 8] x", {"W": RNG.standard_normal((4, 4, 1, 1)).astype(np.float32)})
+    out, report = fp16(model, "block_ops=Sigmoid+Tanh")
+    assert report.skipped["float32 to save Casts (island merge)"] == 1
+    assert report.rewrites == {"node→float16": 2, "Cast inserted": 2}  # Conv, Relu; Cast in and out
+
+
+def test_if_bodies_are_kept_float32_with_a_reason():
+    then_g = onnx.parser.parse_graph("then_g () => (float t) { t = Relu(h) }")
+    else_g = onnx.parser.parse_graph("else_g () => (float e) { e = Neg(h) }")
+    model = build("h = Sigmoid(x)\ncond = ReduceMax<keepdims=0>(x)\nc = Greater(cond, zero)\ny = Identity(h)",
+                  "float[4] x", {"zero": np.array(0.0, np.float32)})
+    node = onnx.helper.make_node("If", ["c"], ["z"], then_branch=then_g, else_branch=else_g)
+    model.graph.node.append(node)
+    model.graph.output.append(onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None))
+    out, report = fp16(model, "target=none")
+    assert report.skipped.get("If/Loop/Scan kept float32 (bodies not converted)", 0) + \
+        report.skipped.get("unknown tensor type", 0) >= 1
+    x = feeds(model)
+    for a, b in zip(run_ort(model, x), run_ort(out, x)):
+        np.testing.assert_allclose(b, a, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.realmodel
+def test_ppocr_cls_fp16():
+    from onnxslim_kit.model import load_proto
+    from onnxslim_kit.zoo import fetch
+
+    model = load_proto(fetch("ppocr_cls_v2"))
+    feed = CalibrationFeed(input_specs(model), None, input_shapes={"x": [1, 3, 48, 192]}, num_samples=4)
+    out, report = run_pipeline(model, parse_pass_list("fp16"), feed)
+    entry = report.passes[0]
+    assert out.ByteSize() <= 0.53 * model.ByteSize()
+    for drift in entry.verification["outputs"].values():
+        assert drift["cosine"] >= 0.999 and not drift["nonfinite_mismatch"]
