@@ -14,4 +14,5 @@ BUILTIN_PASSES = [
     "int8",
     "dynamic",
     "fp16",
+    "int4",
 ]
