@@ -169,6 +169,24 @@ class ChannelGraph:
             groups.setdefault(uf.find(i), []).append(u)
         return [sorted(g) for g in groups.values()]
 
+    def source_groups(self) -> list:
+        """Units linked through a source's output (and the couplings behind it), not Concat.
+
+        The unit of selection for ``ratio``: each group's kept count is one source's (or one
+        residual chain's) channel count, so ``multiple`` applies to real layer widths.
+        """
+        uf = UnionFind()
+        index = {u: i for i, u in enumerate(sorted(self.all_units()))}
+        uf.new(len(index))
+        for s in self.sources:
+            units = self.units_of(s.node.outputs[0].name)
+            for u in units[1:]:
+                uf.union(index[int(units[0])], index[int(u)])
+        groups: dict = {}
+        for u, i in index.items():
+            groups.setdefault(uf.find(i), []).append(u)
+        return [sorted(g) for g in groups.values()]
+
     def describe(self, group: list) -> str:
         """One group in words: sources, nodes it passes through, consumers, status."""
         units = set(group)

@@ -1,0 +1,94 @@
+"""Structured pruning at a ratio: choose the units to cut per group, cut, re-fit.
+
+Selection, with ``P_g`` the prunable (not blocked) units of group ``g`` and ``T_g`` all its
+units:
+
+* ``scope=layer``: ``n_g = ⌊ratio · |P_g|⌋`` lowest-scored units of each group;
+* ``scope=global``: the ``⌊ratio · Σ|P_g|⌋`` lowest-scored prunable units of the model (scores
+  are normalised per layer, :mod:`._prune_importance`); ``n_g`` = how many fell in ``g``.
+
+Removed channels are not simply dropped: their mean over the calibration data ``E[x_c]``
+moves into each consumer's bias (the same fold as strip's constants; at a padded Conv it
+is exact away from the borders) — the zeroth-order part of the layer-wise correction,
+before the re-fit (:mod:`._prune_refit`) does the rest.
+
+Then per group the kept count ``k = |T_g| − n_g`` is rounded *up* to a multiple of
+``multiple`` and raised to ``min_channels``; the group is left whole (reason counted) when
+that leaves nothing to cut. Rounding up keeps every source's channel count a multiple of
+``multiple`` when the group's full count is (vectorised kernels work on blocks of 4/8/16).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._prune_apply import apply
+from ._prune_importance import activation_stats, consumer_inputs, unit_scores
+from ._prune_refit import Refitter
+
+MAX_SAMPLES = 8
+
+
+def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multiple: int, result) -> set:
+    blocked = cg.blocked_units()
+    groups = [(g, [u for u in g if u not in blocked]) for g in cg.source_groups()]
+    wanted: dict = {}
+    if scope == "global":
+        pool = sorted((scores.get(u, 0.0), u) for _, prunable in groups for u in prunable)
+        chosen = {u for _, u in pool[: int(ratio * len(pool))]}
+        for i, (_, prunable) in enumerate(groups):
+            wanted[i] = sum(u in chosen for u in prunable)
+    else:
+        for i, (_, prunable) in enumerate(groups):
+            wanted[i] = int(ratio * len(prunable))
+    removed = set()
+    for i, (group, prunable) in enumerate(groups):
+        if not prunable:
+            continue
+        n = min(wanted[i], len(prunable))
+        keep = len(group) - n
+        keep = max(math.ceil(keep / multiple) * multiple if multiple > 1 else keep, min_channels)
+        n = len(group) - keep
+        if n <= 0:
+            if wanted[i] > 0:
+                result.skip("group kept whole (min_channels / multiple)")
+            continue
+        ranked = sorted(prunable, key=lambda u: (scores.get(u, 0.0), u))
+        removed.update(ranked[:n])
+    return removed
+
+
+def consumer_masks(cg, keep: dict) -> list:
+    """(consumer, its output keep mask or None) for consumers that lost inputs, in graph order."""
+    order = {id(n): i for i, n in enumerate(cg.graph.nodes)}
+    out = []
+    for c in cg.consumers:
+        if keep[c.tensor.name].all():
+            continue
+        out_mask = keep.get(c.node.outputs[0].name)
+        out.append((order[id(c.node)], c, None if out_mask is None or out_mask.all() else out_mask))
+    return [(c, m) for _, c, m in sorted(out, key=lambda t: t[0])]
+
+
+def prune_by_ratio(model, ctx, result, analyse_model) -> None:
+    opts = ctx.options
+    teacher = model.to_proto()
+    cg = analyse_model(model, ctx)
+    samples = ctx.feed.take(MAX_SAMPLES)
+    stats = activation_stats(cg, teacher, samples, consumer_inputs(cg))
+    scores = unit_scores(cg, opts["criterion"], stats, opts["seed"])
+    removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], max(opts["multiple"], 1), result)
+    if not removed:
+        result.skip("nothing to prune at this ratio")
+        return
+    result.metrics["units_pruned"] = len(removed)
+    means = {i: stats[c.tensor.name][0] for i, c in enumerate(cg.consumers)}
+    keep = apply(model, cg, removed, means)
+    result.rewrite("prune channel", len(removed))
+    if opts["refit"]:
+        refitter = Refitter(model, teacher, samples, opts["seed"])
+        for c, out_mask in ctx.progress(consumer_masks(cg, keep), desc="prune refit"):
+            refitter.refit(c, out_mask, result)
+    result.metrics["sources_shrunk"] = sum(1 for s in cg.sources if not keep[s.node.outputs[0].name].all())
