@@ -31,6 +31,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.activations import iter_activations
+from onnxslim_kit.errors import UserError
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
 from ._graph import const_value
@@ -75,13 +76,13 @@ def compressed_weight_bytes(model) -> int:
 
 
 def parse_nm(text: str):
+    """``"2:4"`` → (2, 4); ``""`` → None."""
     if not text:
         return None
-    n, _, m = text.partition(":")
-    n, m = int(n), int(m)
-    if not 0 < n < m:
-        raise ValueError(f"nm={text}: expected N:M with 0 < N < M")
-    return n, m
+    n, sep, m = text.partition(":")
+    if not sep or not n.strip().isdigit() or not m.strip().isdigit() or not 0 < int(n) < int(m):
+        raise UserError(f"prune(nm={text}): expected N:M with 0 < N < M, e.g. 2:4")
+    return int(n), int(m)
 
 
 @register_pass
@@ -107,6 +108,9 @@ class PrunePass(Pass):
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
         opts = ctx.options
+        nm = parse_nm(opts["nm"])
+        if not 0 <= opts["ratio"] < 1 or not 0 <= opts["sparsity"] < 1:
+            raise UserError("prune: ratio and sparsity must be in [0, 1)")
         result.metrics["params_before"] = _param_count(model)
         cg = analyse_model(model, ctx)
         groups = cg.groups()
@@ -129,11 +133,11 @@ class PrunePass(Pass):
             from ._prune_ratio import prune_by_ratio
 
             prune_by_ratio(model, ctx, result, analyse_model)
-        if opts["sparsity"] > 0 or opts["nm"]:
+        if opts["sparsity"] > 0 or nm:
             from ._prune_sparsity import sparsify
 
             before = compressed_weight_bytes(model)
-            sparsify(model, opts["sparsity"], parse_nm(opts["nm"]), result)
+            sparsify(model, opts["sparsity"], nm, result)
             result.metrics["zlib_bytes_before"] = before
             result.metrics["zlib_bytes_after"] = compressed_weight_bytes(model)
         result.metrics["params_after"] = _param_count(model)
