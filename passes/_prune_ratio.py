@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from ._prune_apply import apply
 from ._prune_importance import activation_stats, consumer_inputs, unit_scores

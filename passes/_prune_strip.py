@@ -27,7 +27,7 @@ import numpy as np
 from scipy.special import erf
 
 from ._graph import attr, const_value
-from ._prune_groups import POOLS, REDUCE
+from ._prune_ops import POOLS, REDUCE
 
 
 def _clip_bounds(node):
