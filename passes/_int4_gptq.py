@@ -38,8 +38,13 @@ def inverse_cholesky_upper(h: np.ndarray, damp: float) -> np.ndarray:
     k = h.shape[0]
     lam = damp * float(np.mean(np.diag(h)))
     h[np.diag_indices(k)] += lam if lam > 0 else 1.0
-    factor = scipy.linalg.cho_factor(h, lower=True)
-    h_inv = scipy.linalg.cho_solve(factor, np.eye(k))
+    upper, info = scipy.linalg.lapack.dpotrf(h, lower=0)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"Hessian not positive definite (potrf info {info})")
+    inv, info = scipy.linalg.lapack.dpotri(upper, lower=0)  # upper triangle of H⁻¹
+    if info != 0:
+        raise np.linalg.LinAlgError(f"Hessian not invertible (potri info {info})")
+    h_inv = np.triu(inv) + np.triu(inv, 1).T
     return scipy.linalg.cholesky(h_inv, lower=False)
 
 

@@ -87,7 +87,7 @@ class Fp16Pass(Pass):
             raise UserError(f"fp16(block_names=...): not a regular expression ({exc})") from None
         base = model.to_proto()
         samples = ctx.feed.take(opts["samples"])
-        stats, first = _observe(base, samples)
+        stats = _observe(base, samples)
         dtypes = _dtypes(base, stats)
         plan_args = (dtypes, block_ops, opts["block_names"], opts["default_block"])
 
@@ -108,7 +108,7 @@ class Fp16Pass(Pass):
         best = search.evaluate(half0)
         dropped = []
         if not best.ok:
-            ranked = _rank(best, infos, half0, first, samples[0])
+            ranked = _rank(best, base, infos, half0, samples[0])
             lo, hi = 0, len(ranked)
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -165,13 +165,13 @@ def _parse_target(text: str):
 
 # --- observation ----------------------------------------------------------------------------
 
-def _observe(proto: onnx.ModelProto, samples: list) -> tuple:
-    """Per tensor: dtype and max |x| (finite values) over the samples; all values of sample 0."""
+def _observe(proto: onnx.ModelProto, samples: list) -> dict:
+    """Per tensor: (dtype, max |x| over finite values), over the samples (one at a time)."""
     inputs = {i.name for i in proto.graph.input}
     names = [o for n in proto.graph.node for o in n.output if o and o not in inputs]
-    stats, first = {}, {}
+    stats = {}
     for s, values in enumerate(iter_activations(proto, names, samples, threads=1)):
-        for name, array in list(values.items()) + [(k, v) for k, v in samples[s].items()]:
+        for name, array in list(values.items()) + list(samples[s].items()):
             array = np.asarray(array)
             if array.dtype.kind != "f":
                 stats.setdefault(name, (array.dtype, 0.0))
@@ -179,9 +179,7 @@ def _observe(proto: onnx.ModelProto, samples: list) -> tuple:
             finite = np.abs(array[np.isfinite(array)]) if array.size else array
             peak = float(finite.max()) if finite.size else 0.0
             stats[name] = (array.dtype, max(peak, stats.get(name, (None, 0.0))[1]))
-            if s == 0:
-                first[name] = array
-    return stats, first
+    return stats
 
 
 def _dtypes(proto: onnx.ModelProto, stats: dict) -> dict:
@@ -288,17 +286,19 @@ def _drift(reference: list, outputs: list) -> dict:
     return drift
 
 
-def _rank(trial: _Trial, infos: list, half: set, first: dict, sample: dict) -> list:
-    """Float16 plan indices, the ones adding the most relative error first (sample 0)."""
-    proto = trial.model
-    produced = {o for node in proto.graph.node for o in node.output}
-    names = [n for n in first if n in produced]
-    observed = next(iter_activations(proto, names, [sample], threads=1))
+def _rank(trial: _Trial, base: onnx.ModelProto, infos: list, half: set, sample: dict) -> list:
+    """Float16 plan indices, the ones adding the most relative error first (on ``sample``)."""
+    produced = {o for node in trial.model.graph.node for o in node.output}
+    names = [o for node in base.graph.node for o in node.output if o in produced]
+    first = next(iter_activations(base, names, [sample], threads=1))
+    first.update({k: np.asarray(v) for k, v in sample.items()})
+    observed = next(iter_activations(trial.model, names, [sample], threads=1))
+    observed.update({k: np.asarray(v) for k, v in sample.items()})
 
     def rel(name):
-        if name not in observed or name not in first:
+        if name not in observed or name not in first or np.asarray(first[name]).dtype.kind != "f":
             return 0.0
-        a, b = first[name].astype(np.float64), np.asarray(observed[name], dtype=np.float64)
+        a, b = np.asarray(first[name], dtype=np.float64), np.asarray(observed[name], dtype=np.float64)
         if a.shape != b.shape:
             return 0.0
         if not np.all(np.isfinite(b) == np.isfinite(a)):

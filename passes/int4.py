@@ -108,7 +108,7 @@ class Int4Pass(Pass):
                     result.skip("head layer kept float" if opts["head"] == "float" else "int8 head needs opset ≥ 13")
                 continue
             if target.key not in cache:
-                qw = _quantize(target, opts, hessians.get(target.node.inputs[0].name))
+                qw = _quantize(target, opts, hessians.get(target.node.inputs[0].name), result)
                 cache[target.key] = _encode(model, qw, target.dtype, fmt)
                 before += target.wt.size * np.dtype(target.dtype).itemsize
                 after += cache[target.key][2]
@@ -245,9 +245,14 @@ def _hessians(model: Model, targets: list, ctx) -> dict:
     return hessians
 
 
-def _quantize(target: Target, opts: dict, xtx) -> _int4_quant.QuantizedWeight:
+def _quantize(target: Target, opts: dict, xtx, result: PassResult) -> _int4_quant.QuantizedWeight:
     if opts["method"] == "gptq" and xtx is not None:
-        return _int4_gptq.quantize_gptq(target.wt, xtx, opts["block_size"], opts["symmetric"], opts["damp"])
+        if np.all(np.isfinite(xtx)):
+            try:
+                return _int4_gptq.quantize_gptq(target.wt, xtx, opts["block_size"], opts["symmetric"], opts["damp"])
+            except np.linalg.LinAlgError:
+                pass
+        result.skip("gptq: Hessian not usable (non-finite / not positive definite), RTN used")
     return _int4_quant.quantize_rtn(target.wt, opts["block_size"], opts["symmetric"])
 
 
