@@ -158,7 +158,8 @@ class CalibrationFeed:
                     sample[spec.name] = np.asarray(rng.random(shape) < 0.5)
                 else:
                     raise UserError(
-                        f"cannot generate data for input {spec.name!r} of type {spec.dtype}; pass --calib"
+                        f"cannot generate data for input {spec.name!r} of type "
+                        f"{'string' if kind in 'OSU' else spec.dtype}; pass --calib"
                     )
             yield sample
 

@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-o", "--output", help="output file (default: <model>.slim.onnx beside the input)")
     parser.add_argument("--report", metavar="JSON", help="write the report as JSON to this file")
     parser.add_argument("--strict", action="store_true",
-                        help="exit 3 (writing nothing) if a lossless pass changes the outputs")
+                        help="exit 3 (writing nothing) if a lossless pass changes the outputs; a pass "
+                             "ONNX Runtime cannot verify (it cannot load the original, e.g. custom-domain "
+                             "ops) is not a failure: a warning is printed, the report says 'unverified'")
     parser.add_argument("--calib", metavar="PATH",
                         help=".npz/.npy file or folder of them, keys = input names (default: random data)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
@@ -83,6 +85,30 @@ def default_output(model: Path) -> Path:
     return model.with_name(name + ".slim.onnx")
 
 
+def _refuse_overwriting_input(model_path: Path, out_path: Path) -> None:
+    """The output (or its ``.data`` file) must not be the input model or one of its external-data files."""
+    targets = [p.resolve() for p in (out_path, out_path.with_name(out_path.name + ".data")) if p.exists()]
+    if not targets or not model_path.is_file():
+        return
+    import onnx
+
+    inputs = {model_path.resolve()}
+    try:
+        proto = onnx.load(str(model_path), load_external_data=False)
+        inputs.update((model_path.parent / loc).resolve() for loc in _external_locations(proto))
+    except Exception:  # noqa: BLE001 - an unreadable input is reported by the loader
+        pass
+    for target in targets:
+        if target in inputs:
+            raise UserError(f"the output {target} is the input (or its data); the input is never overwritten")
+
+
+def _external_locations(proto) -> set:
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    return {ExternalDataInfo(t).location for t in _get_all_tensors(proto) if uses_external_data(t)}
+
+
 def _progress_factory(quiet: bool):
     from tqdm import tqdm
 
@@ -102,18 +128,25 @@ def run_optimize(args) -> int:
         raise UserError("no model given (see --help)")
     model_path = Path(args.model)
     out_path = Path(args.output) if args.output else default_output(model_path)
-    if model_path.exists() and out_path.exists() and out_path.resolve() == model_path.resolve():
-        raise UserError(f"the output {out_path} is the input; the input is never overwritten")
+    _refuse_overwriting_input(model_path, out_path)
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[onnxslim_kit] {msg}", file=sys.stderr))
     proto, report = optimize(
         model_path, args.passes, calib=args.calib, input_shapes=parse_input_shapes(args.input_shape),
         num_samples=args.num_samples, seed=args.seed, verify=not args.no_verify, strict=args.strict,
         rtol=args.rtol, verify_samples=args.verify_samples, progress=_progress_factory(args.quiet), log=log,
     )
-    save_proto(proto, out_path, external_data=True if args.external_data else None)
+    for entry in report.passes:
+        if (entry.verification or {}).get("status") == "unverified" and (args.strict or not args.quiet):
+            print(f"warning: pass {entry.name!r} not verified ({entry.verification['message']}); "
+                  f"only the onnx checker ran", file=sys.stderr)
     report.output_path = str(out_path)
-    if args.report:
-        Path(args.report).write_text(report.to_json())
+    try:
+        save_proto(proto, out_path, external_data=True if args.external_data else None)
+        if args.report:
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)  # as for -o
+            Path(args.report).write_text(report.to_json())
+    except OSError as exc:
+        raise UserError(f"cannot write {exc.filename or out_path}: {exc.strerror or exc}") from None
     if not args.quiet:
         print(report.table())
         print(f"wrote {out_path}")

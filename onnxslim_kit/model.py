@@ -9,7 +9,8 @@ Normalisation on load (all lossless, all reported by the pipeline as ``load`` no
 1. ``Constant`` nodes that hold a tensor (paddle2onnx puts every weight in one) become
    constant tensors, so passes see every weight the same way.
 2. Initializers that old exporters also list as graph inputs are no longer inputs
-   (onnx-graphsurgeon drops them on import; the count is kept in ``load_notes``).
+   (onnx-graphsurgeon drops them on import; the count is kept in ``load_notes``); an IR 3
+   model is therefore written back as IR 4, which no longer needs them listed.
 
 Saving is atomic: the model (and its external-data file, if any) is written to a
 temporary name in the destination folder and renamed into place. Models whose
@@ -124,7 +125,7 @@ class Model:
 
     def to_proto(self) -> onnx.ModelProto:
         proto = gs.export_onnx(self.graph, do_type_check=False)
-        proto.ir_version = max(self.ir_version, _min_ir_version(proto))
+        proto.ir_version = max(self.ir_version, _min_ir_version(proto), _ir_for_initializers(proto))
         proto.producer_name = self.producer_name or "onnxslim_kit"
         proto.producer_version = self.producer_version
         del proto.metadata_props[:]
@@ -210,6 +211,13 @@ def _constant_node_value(node: gs.Node):
 def _count_initializer_inputs(graph: onnx.GraphProto) -> int:
     init = {t.name for t in graph.initializer}
     return sum(1 for i in graph.input if i.name in init)
+
+
+def _ir_for_initializers(proto: onnx.ModelProto) -> int:
+    """IR 3 requires every initializer to be a graph input; load drops them from the inputs, so
+    such a model is written as IR 4 (same meaning, every runtime that reads IR 3 reads IR 4)."""
+    inputs = {i.name for i in proto.graph.input}
+    return 4 if any(t.name not in inputs for t in proto.graph.initializer) else 0
 
 
 def _min_ir_version(proto: onnx.ModelProto) -> int:

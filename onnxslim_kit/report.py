@@ -172,6 +172,8 @@ def render_table(report: Report) -> str:
         if ops:
             details.append("ops: " + ops)
         details.extend(p.notes)
+        if p.modified and (p.verification or {}).get("status") == "unverified":
+            details.append(f"not verified, only the onnx checker ran: {p.verification['message']}")
         if details:
             lines.append(f"{p.name}:")
             lines.extend(f"  {d}" for d in details)

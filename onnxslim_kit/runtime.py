@@ -29,7 +29,7 @@ def session_options(opt_level: str = "disable", threads: int = 0) -> ort.Session
     so.graph_optimization_level = OPT_LEVELS[opt_level]
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # failures reach the user as exceptions, not as ORT log lines
     return so
 
 

@@ -10,8 +10,10 @@ Two checks, in order:
 
 Statuses: ``ok`` (within tolerance), ``drift`` (lossy pass, numbers recorded),
 ``failed`` (lossless pass beyond tolerance), ``invalid`` (checker or ONNX Runtime rejects the
-candidate while accepting the original), ``unverified`` (ONNX Runtime cannot run the
-original either, e.g. custom-domain ops: only the checker ran).
+candidate while accepting the original), ``unverified`` (ONNX Runtime cannot load the
+original either, e.g. custom-domain ops: only the checker ran). An original that ONNX Runtime
+loads but cannot run on the sample inputs (generated shapes that do not fit, e.g. a dynamic
+dimension the graph needs to be 16) is a :class:`UserError` naming ``--input-shape``/``--calib``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from .errors import UserError
 from .metrics import compare, merge, within_tolerance
 from .model import needs_external_data
 from .runtime import make_session, run
@@ -60,13 +63,20 @@ class Verifier:
         self.samples = samples
         self.rtol = rtol
         self.original_check = checker_error(original)
+        self.reference, self.runtime_error = None, None
         try:
             session = make_session(original)
-            self.reference = [run(session, s) for s in samples]
-            self.runtime_error = None
         except Exception as exc:  # noqa: BLE001 - ORT raises its own types
-            self.reference = None
             self.runtime_error = _first_line(exc)
+            return
+        try:
+            self.reference = [run(session, s) for s in samples]
+        except Exception as exc:  # noqa: BLE001
+            raise UserError(
+                f"ONNX Runtime loads the original model but cannot run it on the sample inputs "
+                f"({_shapes(samples)}): {_first_line(exc)}; give the real input shapes with "
+                f"--input-shape NAME:D1,D2,... or real data with --calib (or skip verification: --no-verify)"
+            ) from None
 
     def check(self, candidate: onnx.ModelProto, lossless: bool) -> Check:
         if self.original_check is None:
@@ -90,6 +100,11 @@ class Verifier:
         if ok:
             return Check("ok", outputs)
         return Check("failed" if lossless else "drift", outputs)
+
+
+def _shapes(samples: list) -> str:
+    first = samples[0] if samples else {}
+    return ", ".join(f"{name}:{','.join(map(str, getattr(v, 'shape', ())))}" for name, v in first.items())
 
 
 def _first_line(exc: BaseException) -> str:
