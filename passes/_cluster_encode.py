@@ -16,7 +16,7 @@ packed:  q = Cast<INT32>(packed);  hi = Div(q, 16);  lo = Sub(q, Mul(hi, 16))
          idx = Concat<axis=0>(lo, hi)                       # the N labels, in order
 uint8:   idx = Cast<INT32>(labels)
 per tensor:   W = Gather(codebook, Reshape(idx, shape(W)))
-  with channel scales:  W = Mul(Gather(codebook, Reshape(idx, shape(W))), scales as [C, 1, …, 1])
+  with row scales:  W = Mul(Gather(codebook, Reshape(idx, shape(W))), scales)   # [C,1,…] or [1,n]
 per channel:  W = Reshape(Gather(codebook, Reshape(idx, [C, N/C]) + k·[0..C−1]ᵀ), shape(W))
 ```
 
@@ -72,8 +72,7 @@ def decode_subgraph(model, graph, weight: gs.Constant, codebook: np.ndarray, sto
         values = node("Gather", [books, idx], {"axis": 0}, dtype=codebook.dtype, shape=shape)
         if scales is None:
             return values
-        column = const("scales", scales.reshape((-1,) + (1,) * (len(shape) - 1)))
-        return node("Mul", [values, column], dtype=codebook.dtype, shape=shape)
+        return node("Mul", [values, const("scales", scales)], dtype=codebook.dtype, shape=shape)
     channels, width = codebook.shape
     rows = (channels, total // channels)
     idx = node("Reshape", [idx, const("rows", np.array(rows, np.int64))], shape=rows)

@@ -93,7 +93,8 @@ def _lloyd(ordered: np.ndarray, weights: np.ndarray, centroids: np.ndarray, max_
 
 def cluster_weight(weight: np.ndarray, k: int, per_channel: bool, keep_zero: bool = True, seed: int = 0,
                    channel_scale: bool = False):
-    """``(codebook, labels, scales)`` for a whole weight (``scales`` is None unless used).
+    """``(codebook, labels, scales)`` for a whole weight (``scales``: None unless used, else
+    shaped ``[C, 1, …]`` to broadcast against the weight).
 
     * per tensor: ``codebook`` ``(k',)``, ``labels`` of the weight's shape, ``W' = codebook[labels]``;
     * per channel (axis 0): ``codebook`` ``(C, k')`` (short channel codebooks padded with their
@@ -112,7 +113,7 @@ def cluster_weight(weight: np.ndarray, k: int, per_channel: bool, keep_zero: boo
             normalised = rows / scales[:, None]
             weights = np.repeat(scales.astype(np.float64) ** 2, rows.shape[1])
             codebook, labels = kmeans_1d(normalised, k, keep_zero, seed, weights=weights)
-            return codebook, labels.reshape(weight.shape), scales
+            return codebook, labels.reshape(weight.shape), scales.reshape((-1,) + (1,) * (weight.ndim - 1))
         codebook, labels = kmeans_1d(weight, k, keep_zero, seed)
         return codebook, labels.reshape(weight.shape), None
     rows = weight.reshape(weight.shape[0], -1)

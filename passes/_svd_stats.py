@@ -18,10 +18,73 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx_graphsurgeon as gs
 
 from onnxslim_kit.activations import iter_activations
 
+from ._graph import const_value, exclusive_constant, is_onnx_op
+
+FLOAT_KINDS = (np.float16, np.float32, np.float64)
+
 MAX_ROWS = 4096
+
+
+@dataclass(eq=False)
+class Layer:
+    """A node computing ``Y = X W`` with a constant ``W`` (``matrix``, ``k × n``)."""
+
+    node: gs.Node
+    graph: gs.Graph
+    kind: str  # matmul | gemm | conv
+    matrix: np.ndarray  # W as k × n
+    geometry: object = None  # ConvGeometry, filled in by collect()
+
+    @property
+    def key(self) -> int:
+        return id(self.node)
+
+    @property
+    def input_name(self) -> str:
+        return self.node.inputs[0].name
+
+    @property
+    def k(self) -> int:
+        return self.matrix.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.matrix.shape[1]
+
+
+def match(node: gs.Node, graph: gs.Graph, main: gs.Graph) -> Layer | str | None:
+    """A :class:`Layer`, a reason it does not apply, or None for nodes that are not candidates."""
+    if not is_onnx_op(node, "MatMul", "Gemm", "Conv") or len(node.inputs) < 2:
+        return None
+    x, weight = node.inputs[0], node.inputs[1]
+    values = const_value(weight)
+    if values is None:
+        return "constant on the left" if node.op == "MatMul" and isinstance(x, gs.Constant) else None
+    if values.dtype not in FLOAT_KINDS:
+        return "weight is not float"
+    if isinstance(x, gs.Constant):
+        return "both inputs constant"
+    if not exclusive_constant(weight, node):
+        return "shared weight"
+    if graph is not main:
+        return "inside a subgraph"
+    if node.op == "MatMul":
+        if values.ndim != 2:
+            return "batched (non-2-D) weight"
+        return Layer(node, graph, "matmul", values)
+    if node.op == "Gemm":
+        if node.attrs.get("transA", 0):
+            return "Gemm with transA"
+        return Layer(node, graph, "gemm", values.T if node.attrs.get("transB", 0) else values)
+    if values.ndim != 4:
+        return "conv is not 2-D"
+    if node.attrs.get("group", 1) != 1:
+        return "grouped conv"
+    return Layer(node, graph, "conv", values.reshape(values.shape[0], -1).T)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,13 @@ scale by orders of magnitude (measured on the orientation model after ``fuse``: 
 decoding subgraph: :mod:`._cluster_encode` — ORT folds the decoder at session creation with
 optimisations on, so the model runs on plain float weights (same latency as unclustered).
 
+Assignment: nearest centroid; or, with calibration data (``data=auto`` and ``--calib`` given,
+or ``data=true``), GPTQ (:mod:`._cluster_gptq`) for MatMul / Gemm / Conv (group 1) weights
+whose input was seen on at least ``2·k_in`` rows: the codebook and scales stay the k-means
+ones, the labels are chosen column by column so that the layer's *output* error on the
+calibration inputs is small (measured on ppocrv4_det after ``fuse``: output cosine 0.953 →
+0.967). Generated random data does not switch it on — its statistics are not real ones.
+
 Conditions (each failure is a counted reason, never an error):
 
 1. the weight is a float constant (float16/32/64) read by this node alone (a constant shared
@@ -40,12 +47,15 @@ import onnx_graphsurgeon as gs
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
 from ._cluster_encode import decode_subgraph, pack_labels
+from ._cluster_gptq import cluster_layer
 from ._cluster_kmeans import cluster_weight
 from ._graph import const_value, exclusive_constant, is_onnx_op
+from ._svd_stats import collect, match
 
 # op -> input positions that may hold a weight
 WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1)}
 FLOAT_KINDS = (np.float16, np.float32, np.float64)
+MIN_ROWS_PER_INPUT = 2  # GPTQ only with at least 2·k_in calibration rows (else H is rank-deficient)
 
 
 def model_bytes(model) -> tuple:
@@ -65,6 +75,7 @@ class ClusterPass(Pass):
         "min_size": Option(int, 1024, "leave weights with fewer elements unclustered"),
         "keep_zero": Option(bool, True, "keep 0.0 as an exact centroid when the weight has zeros"),
         "channel_scale": Option(bool, True, "per tensor: one RMS scale per row (axis 0), shared codebook"),
+        "data": Option(str, "auto", "GPTQ assignment with calibration statistics", ("auto", "true", "false")),
     }
 
     def run(self, model, ctx) -> PassResult:
@@ -78,7 +89,11 @@ class ClusterPass(Pass):
         candidates = [(g, n, i) for g in model.all_graphs() for n in g.nodes
                       if is_onnx_op(n, *WEIGHT_INPUTS)
                       for i in WEIGHT_INPUTS[n.op] if i < len(n.inputs)]
-        clustered = params = 0
+        eligible = [(g, n, i) for g, n, i in candidates if not self._check(n, i, opts)]
+        data_aware = not opts["per_channel"] and (
+            opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True)))
+        layers, stats = self._statistics(model, ctx, eligible) if data_aware else ({}, {})
+        clustered = params = gptq = 0
         for graph, node, index in ctx.progress(candidates, desc="cluster", total=len(candidates)):
             reason = self._check(node, index, opts)
             if reason:
@@ -88,8 +103,15 @@ class ClusterPass(Pass):
             weight = node.inputs[index]
             values = const_value(weight)
             per_channel = opts["per_channel"] and values.ndim >= 2
-            codebook, labels, scales = cluster_weight(values, k, per_channel, opts["keep_zero"],
-                                                      channel_scale=opts["channel_scale"])
+            layer = layers.get(id(node)) if index == 1 else None
+            entry = stats.get(id(node))
+            if layer is not None and entry.gram_rows >= MIN_ROWS_PER_INPUT * layer.k and np.unique(values).size > k:
+                codebook, labels, scales = cluster_layer(layer, entry.normalized_gram, k, opts["keep_zero"],
+                                                         opts["channel_scale"])
+                gptq += 1
+            else:
+                codebook, labels, scales = cluster_weight(values, k, per_channel, opts["keep_zero"],
+                                                          channel_scale=opts["channel_scale"])
             stored, packed = pack_labels(labels, codebook.shape[-1])
             if codebook.nbytes + stored.nbytes + (0 if scales is None else scales.nbytes) >= values.nbytes:
                 result.skip("encoding not smaller than the float weight")
@@ -110,11 +132,28 @@ class ClusterPass(Pass):
             "size_ratio": round(raw_after / raw_before, 4),
             "zlib_size_ratio": round(zip_after / zip_before, 4),
         })
+        result.metrics["weights_assigned_by_gptq"] = gptq
         result.notes.append(
-            f"k={k} {'per channel' if opts['per_channel'] else 'per tensor'}: file {raw_before} → {raw_after} "
+            f"k={k} {'per channel' if opts['per_channel'] else 'per tensor'}"
+            f"{' + row scales' if opts['channel_scale'] and not opts['per_channel'] else ''}; "
+            f"{'data-aware: ' + str(gptq) + ' weights assigned by GPTQ' if data_aware else 'nearest-centroid assignment'}"
+            f": file {raw_before} → {raw_after} "
             f"bytes ({raw_after / raw_before:.3f}×), zlib {zip_before} → {zip_after} ({zip_after / zip_before:.3f}×)"
         )
         return result
+
+    @staticmethod
+    def _statistics(model, ctx, eligible) -> tuple:
+        """Layers (``Y = X W`` with W at input 1) and their input Gram matrices."""
+        layers = {}
+        for graph, node, index in eligible:
+            found = match(node, graph, model.graph) if index == 1 else None
+            if found is not None and not isinstance(found, str):
+                layers[id(node)] = found
+        if not layers:
+            return {}, {}
+        stats = collect(model.to_proto(), list(layers.values()), list(ctx.feed), want_gram=True)
+        return layers, stats
 
     @staticmethod
     def _check(node, index, opts) -> str | None:

@@ -152,3 +152,42 @@ def test_orientation_k16_shrinks_and_folds(tmp_path):
     so.optimized_model_filepath = str(tmp_path / "opt.onnx")
     ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"])
     assert not [n for n in onnx.load(so.optimized_model_filepath).graph.node if n.op_type == "Gather"]
+
+
+def test_gptq_assignment_lowers_output_error(rng):
+    from onnxslim_kit.passes._cluster_gptq import gptq_assign
+    from onnxslim_kit.passes._cluster_kmeans import cluster_weight, nearest
+
+    rows, k_in, n_out = 4000, 48, 32
+    x = rng.standard_normal((rows, k_in)) @ rng.standard_normal((k_in, k_in))  # correlated inputs
+    m = rng.standard_normal((n_out, k_in))
+    codebook, _, scales = cluster_weight(m, 8, False, channel_scale=True)
+    s = scales.ravel()
+    plain = nearest(codebook.astype(np.float64), m / s[:, None])
+    data_aware = gptq_assign(m, x.T @ x / rows, codebook, s)
+
+    def output_error(labels):
+        return np.linalg.norm(x @ (m - s[:, None] * codebook[labels]).T) / np.linalg.norm(x @ m.T)
+
+    assert output_error(data_aware) < 0.8 * output_error(plain)
+
+
+def test_calibration_data_switches_to_gptq(rng):
+    weight = rng.standard_normal((64, 48)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 48])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    mixing = rng.standard_normal((64, 64)).astype(np.float32)
+    calib = [{"x": rng.standard_normal((32, 64)).astype(np.float32) @ mixing} for _ in range(8)]
+    cosines = {}
+    for data in ("false", "true"):
+        _, report = run_pipeline(model, parse_pass_list(f"cluster(k=8,data={data})"),
+                                 CalibrationFeed(input_specs(model), calib), verify_samples=8)
+        entry = report.passes[0]
+        assert entry.metrics["weights_assigned_by_gptq"] == (1 if data == "true" else 0)
+        cosines[data] = entry.verification["outputs"]["y"]["cosine"]
+    assert 1 - cosines["true"] < 0.8 * (1 - cosines["false"])
