@@ -90,25 +90,58 @@ def dequantize_constant(model, graph: gs.Graph, values_q: np.ndarray, scale: np.
     return out
 
 
-def insert_qdq(model, graph: gs.Graph, tensor: gs.Variable, scale, zero) -> None:
+def insert_qdq(model, graph: gs.Graph, tensor: gs.Variable, scale, zero, readers=None) -> list:
     """``tensor → QuantizeLinear → DequantizeLinear`` with one DQ per reader of ``tensor``.
 
     A DQ shared by several readers keeps ORT from fusing some of them (its node units claim a
-    DQ for one target node), so every reader gets its own.
+    DQ for one target node), so every reader gets its own. ``readers`` (default: all readers
+    of ``tensor``) limits the rewiring; with ``readers=[]`` one DQ is made and nobody is
+    rewired (a side branch). Returns the DQ outputs.
     """
     s = new_constant(model, "int8/act_scale", np.asarray(scale, dtype=np.float32))
     z = new_constant(model, "int8/act_zp", np.asarray(zero))
     q_out = gs.Variable(model.fresh_name("int8/q"), dtype=np.asarray(zero).dtype, shape=tensor.shape)
-    readers = consumers(tensor)
+    readers = consumers(tensor) if readers is None else readers
     graph.nodes.append(gs.Node("QuantizeLinear", name=model.fresh_name("int8/QuantizeLinear"),
                                inputs=[tensor, s, z], outputs=[q_out]))
-    for reader in readers:
+    outs = []
+    for reader in readers or [None]:
         dq_out = gs.Variable(model.fresh_name("int8/dq"), dtype=np.float32, shape=tensor.shape)
         graph.nodes.append(gs.Node("DequantizeLinear", name=model.fresh_name("int8/DequantizeLinear"),
                                    inputs=[q_out, s, z], outputs=[dq_out]))
-        for i, t in enumerate(reader.inputs):
+        outs.append(dq_out)
+        for i, t in enumerate(reader.inputs if reader is not None else []):
             if t is tensor:
                 reader.inputs[i] = dq_out
+    return outs
+
+
+def add_quantized_twins(model, plan) -> list:
+    """For every layer of ``plan``, a side copy reading fake-quantized inputs and weights.
+
+    The float graph is untouched; returns ``[(layer name, float output, twin output)]`` so that
+    one run measures every layer's local quantization error at once.
+    """
+    graph = model.graph
+    tensors = graph.tensors()
+    nodes = {node.name: node for node in graph.nodes}
+    pairs = []
+    for spec in plan.layers:
+        node = nodes.get(spec.name)
+        if node is None:
+            continue
+        inputs = list(node.inputs)
+        for i, t in enumerate(inputs):
+            if t.name in spec.inputs and t.name in plan.params:
+                inputs[i] = insert_qdq(model, graph, tensors[t.name], *plan.params[t.name], readers=[])[0]
+        out = gs.Variable(model.fresh_name("int8/twin"), dtype=np.float32)
+        twin = gs.Node(node.op, name=model.fresh_name("int8/twin"), attrs=dict(node.attrs), inputs=inputs,
+                       outputs=[out])
+        graph.nodes.append(twin)
+        if spec.weight_index is not None:
+            _quantize_weights(model, graph, twin, spec, plan)
+        pairs.append((spec.name, node.outputs[0].name, out.name))
+    return pairs
 
 
 def upgrade_opset(proto: onnx.ModelProto, target: int = 13) -> onnx.ModelProto | None:

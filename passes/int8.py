@@ -29,7 +29,7 @@ Lossless limit: ``exclude=all`` (or every layer falling back) leaves the graph u
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.model import Model
@@ -37,7 +37,7 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
 from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
-from ._quant_fallback import Scorer, choose_float_layers, parse_target
+from ._quant_fallback import Scorer, choose_float_layers, local_sensitivity, parse_target
 from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
 
 
@@ -73,6 +73,10 @@ class Int8Pass(Pass):
         "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off)"),
         "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
         "eval_samples": Option(int, 8, "samples used to score the target"),
+        "sensitivity": Option(str, "e2e", "layer ranking for the fallback: e2e (each layer alone in int8, "
+                              "scored at the outputs) or local (one run, per-layer error; faster, coarser)",
+                              ("e2e", "local")),
+        "rank_samples": Option(int, 2, "samples used to rank layers (sensitivity=e2e)"),
         "include": Option(str, "", "only these layers: 'op:Conv;name:REGEX;first:OP:N;last:OP:N' (';'-separated)"),
         "exclude": Option(str, "", "keep these layers float, same syntax as include, or 'all' (e.g. last:Conv:1)"),
         "max_range": Option(float, 1e4, "keep tensors with calibrated |x| above this float (0: off)"),
@@ -178,19 +182,27 @@ class Int8Pass(Pass):
         metric, value = target
         samples = ctx.feed.take(max(1, ctx.options["eval_samples"]))
         scorer = Scorer(ctx.original, samples, metric)
-        base = model.to_proto()
+
+        def trial_model() -> Model:
+            """A copy of the current model to try a layer set on: arrays shared (never mutated),
+            the set of used names shared too (a trial's fresh names only reserve more names)."""
+            return replace(model, graph=model.graph.copy())
 
         def build(chosen: set):
-            trial = Model.from_proto(base)
-            apply_plan(trial, plan, chosen)
-            trial.commit()
+            trial = trial_model()
+            apply_plan(trial, plan, chosen)  # ORT sorts the nodes itself; no commit needed
             return trial.to_proto()
 
         names = [spec.name for spec in plan.layers]
-        float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log)
+        mode = ctx.options["sensitivity"]
+        local = (lambda: local_sensitivity(trial_model(), plan, samples)) if mode == "local" else None
+        ranker = Scorer(ctx.original, samples[: max(1, ctx.options["rank_samples"])], metric)
+        float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log,
+                                                     local, ranker)
+        result.metrics["sensitivity"] = mode
         result.skip("kept float for the fidelity target", len(float_layers))
         result.metrics[f"target_{metric}"] = round(score, 6)
-        result.metrics["fallback_builds"] = scorer.builds
+        result.metrics["fallback_builds"] = scorer.builds + ranker.builds
         if float_layers:
             result.notes.append("float for the target: " + ", ".join(float_layers[:8])
                                 + (" …" if len(float_layers) > 8 else ""))
