@@ -13,8 +13,11 @@ converter, or skipped with a reason when that fails or ``upgrade_opset=false``):
     (Gemm: + Add(β·C))
 
 The numbers (blocks along K, scales, zero points, packing) are in :mod:`._int4_quant`;
-GPTQ rounding (``method=gptq``, Hessian 2XᵀX of the calibration inputs of each layer,
-all layers from one pass over the float model's activations) is in :mod:`._int4_gptq`.
+GPTQ rounding (``method=gptq``, Hessian 2XᵀX of the calibration inputs of each layer) is in
+:mod:`._int4_gptq`. With ``sequential=true`` (default) layers are quantized in rounds: a round
+takes the layers no pending layer feeds, measures their inputs on the model *as quantized so
+far* (one pass over the calibration data per round), so each layer compensates the error of
+the layers before it; ``sequential=false`` takes every Hessian from the float model at once.
 
 Conditions (each failure is a counted skip reason):
 
@@ -75,6 +78,7 @@ class Int4Pass(Pass):
         "method": Option(str, "rtn", "rounding: rtn (round to nearest) or gptq", ("rtn", "gptq")),
         "damp": Option(float, 0.01, "gptq dampening, as a fraction of mean(diag H)"),
         "samples": Option(int, 32, "gptq: calibration samples for the Hessians"),
+        "sequential": Option(bool, True, "gptq: Hessians from the model quantized so far, layer by layer"),
         "skip_last": Option(bool, False, "keep head layers (output side) out of int4"),
         "head": Option(str, "float", "with skip_last: head layers stay float or become int8", ("float", "int8")),
         "accuracy_level": Option(int, 0, "MatMulNBits accuracy_level (4: int8 activations, faster, lossier)",
@@ -95,29 +99,43 @@ class Int4Pass(Pass):
         if not targets:
             return result
         heads = _heads(model.graph, targets) if opts["skip_last"] else set()
-        main = [t for t in targets if id(t.node) not in heads]
-        hessians = _hessians(model, main, ctx) if opts["method"] == "gptq" else {}
-        before = after = 0
-        cache: dict = {}
-        for target in ctx.progress(targets, desc="int4", total=len(targets)):
+        for target in targets:
             if id(target.node) in heads:
                 if opts["head"] == "int8" and model.opset >= 13:
                     _rewrite_int8(model, target)
                     result.rewrite("head→int8")
                 else:
                     result.skip("head layer kept float" if opts["head"] == "float" else "int8 head needs opset ≥ 13")
-                continue
-            if target.key not in cache:
-                qw = _quantize(target, opts, hessians.get(target.node.inputs[0].name), result)
-                cache[target.key] = _encode(model, qw, target.dtype, fmt)
-                before += target.wt.size * np.dtype(target.dtype).itemsize
-                after += cache[target.key][2]
-            encoded = cache[target.key]
-            if fmt == "nbits":
-                _rewrite_nbits(model, target, encoded, opts)
-            else:
-                _rewrite_qdq(model, target, encoded, opts["block_size"])
-            result.rewrite(f"{target.node.op}→int4 {fmt}")
+        remaining = [t for t in targets if id(t.node) not in heads]
+        gptq = opts["method"] == "gptq"
+        before = after = rounds = 0
+        cache: dict = {}
+        progress = iter(ctx.progress(range(len(remaining)), desc="int4", total=len(remaining)))
+        while remaining:
+            # GPTQ: layers whose input no unquantized layer feeds, with Hessians measured on the
+            # model as quantized so far (sequential GPTQ); RTN: everything in one round.
+            ready = [t for t in remaining if not _fed_by(t, remaining)] if gptq and opts["sequential"] else remaining
+            hessians = _hessians(model, ready, ctx) if gptq else {}
+            rounds += 1
+            for target in ready:
+                if target.key not in cache:
+                    qw = _quantize(target, opts, hessians.get(target.node.inputs[0].name), result)
+                    cache[target.key] = _encode(model, qw, target.dtype, fmt)
+                    before += target.wt.size * np.dtype(target.dtype).itemsize
+                    after += cache[target.key][2]
+                op = target.node.op
+                if fmt == "nbits":
+                    _rewrite_nbits(model, target, cache[target.key], opts)
+                else:
+                    _rewrite_qdq(model, target, cache[target.key], opts["block_size"])
+                result.rewrite(f"{op}→int4 {fmt}")
+                next(progress, None)
+            done = {id(t) for t in ready}
+            remaining = [t for t in remaining if id(t) not in done]
+            if remaining:
+                model.commit()
+        if gptq:
+            result.metrics["gptq_rounds"] = rounds
         if before:
             result.metrics.update(weight_bytes_before=before, weight_bytes_after=after,
                                   weight_ratio=round(after / before, 4))
@@ -198,6 +216,22 @@ def _heads(graph: gs.Graph, targets: list) -> set:
                 if user.op not in HEAD_STOPS:
                     stack.extend(user.outputs)
     return heads
+
+
+def _fed_by(target: Target, pending: list) -> bool:
+    """Whether another pending target lies upstream of ``target``'s input A."""
+    others = {id(t.node) for t in pending if t is not target}
+    stack, seen = [target.node.inputs[0]], set()
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        for node in tensor.inputs:
+            if id(node) in others:
+                return True
+            stack.extend(node.inputs)
+    return False
 
 
 def _upgrade(model: Model, allowed: bool, result: PassResult) -> bool:
