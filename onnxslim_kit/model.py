@@ -30,6 +30,7 @@ import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
 
 from .errors import UserError
+from .scopes import share_subgraph_constants
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -125,6 +126,7 @@ class Model:
 
     def to_proto(self) -> onnx.ModelProto:
         proto = gs.export_onnx(self.graph, do_type_check=False)
+        share_subgraph_constants(proto.graph)
         proto.ir_version = max(self.ir_version, _min_ir_version(proto), _ir_for_initializers(proto))
         proto.producer_name = self.producer_name or "onnxslim_kit"
         proto.producer_version = self.producer_version
@@ -171,18 +173,10 @@ class Model:
     def _constant_nodes_to_tensors(self) -> int:
         count = 0
         for graph in self.all_graphs():
-            for node in graph.nodes:
-                if node.op != "Constant" or (node.domain or "") not in ("", "ai.onnx") or len(node.outputs) != 1:
-                    continue
-                values = _constant_node_value(node)
-                if values is None:
-                    continue
-                out = node.outputs[0]
-                node.outputs.clear()
-                out.to_constant(values)
-                count += 1
-            if count:
+            converted = sum(constant_node_to_tensor(node) for node in graph.nodes)
+            if converted:
                 graph.cleanup(remove_unused_graph_inputs=False)
+            count += converted
         return count
 
 
@@ -193,19 +187,34 @@ def _subgraphs(graph: gs.Graph):
             yield from _subgraphs(sub)
 
 
-def _constant_node_value(node: gs.Node):
+def constant_node_value(node: gs.Node):
+    """The tensor a ``Constant`` node holds, or None when it is kept as a node
+    (sparse or string values, or a dtype numpy cannot hold such as bfloat16)."""
     attrs = node.attrs
-    if "value" in attrs and isinstance(attrs["value"], gs.Constant):
-        return np.asarray(attrs["value"].values)
-    if "value_float" in attrs:
-        return np.array(attrs["value_float"], dtype=np.float32)
-    if "value_floats" in attrs:
-        return np.array(attrs["value_floats"], dtype=np.float32)
-    if "value_int" in attrs:
-        return np.array(attrs["value_int"], dtype=np.int64)
-    if "value_ints" in attrs:
-        return np.array(attrs["value_ints"], dtype=np.int64)
-    return None  # sparse_value / strings: left as nodes
+    value = attrs.get("value")
+    if isinstance(value, gs.Constant):
+        if getattr(value, "export_dtype", None) not in (None, value.dtype):
+            return None
+        return np.array(value.values, order="C", copy=True)
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in attrs:
+            return np.array(attrs[key], dtype=dtype)
+    return None
+
+
+def constant_node_to_tensor(node: gs.Node) -> bool:
+    """Turn an ai.onnx ``Constant`` node's output into a constant tensor (the node is left
+    without outputs, for cleanup to remove). False when the node is not such a node."""
+    if node.op != "Constant" or (node.domain or "") not in ("", "ai.onnx") or len(node.outputs) != 1 or node.inputs:
+        return False
+    value = constant_node_value(node)
+    if value is None:
+        return False
+    out = node.outputs[0]
+    node.outputs.clear()
+    out.to_constant(value)
+    return True
 
 
 def _count_initializer_inputs(graph: onnx.GraphProto) -> int:

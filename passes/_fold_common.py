@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ._graph import attr, const_value, is_onnx_op, new_constant, only_consumer, producer
+from ._graph import as_array, attr, const_value, is_onnx_op, new_constant, only_consumer, producer
 
 TARGET_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 FLOAT_KINDS = "f"
@@ -205,7 +205,7 @@ def _store(model, node, index: int, tensor, values: np.ndarray, base: str) -> No
     """Give input ``index`` of ``node`` the value ``values``: a new array for a constant only
     ``node`` reads, else a new constant (the old one stays for its other readers)."""
     if isinstance(tensor, gs.Constant) and read_only_by(tensor, node):
-        tensor.values = np.ascontiguousarray(values)
+        tensor.values = as_array(values)
     else:
         node.inputs[index] = new_constant(model, base, values)
 

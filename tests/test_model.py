@@ -127,3 +127,21 @@ def test_subgraphs_are_visited():
 def test_external_data_with_only_small_tensors(tmp_path):
     path = save_proto(parse(TINY), tmp_path / "small.onnx", external_data=True)
     assert load_proto(path).graph.node[0].op_type == "Constant"
+
+
+def test_constants_read_by_two_subgraphs_are_written_once():
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (bool c, float[256] x) => (float[256] y) {
+      w = Constant <value = float[256] {%s}> ()
+      y = If (c) <
+        then_branch = t () => (float[256] a) { a = Add (x, w) },
+        else_branch = e () => (float[256] b) { b = Mul (x, w) }
+      >
+    }
+    """ % ", ".join(str(float(i)) for i in range(256))
+    proto = parse(text)
+    out = Model.from_proto(proto).to_proto()
+    onnx.checker.check_model(out, full_check=True)
+    assert out.ByteSize() < proto.ByteSize() + 200  # one copy of w, not three
+    assert [t.name for t in out.graph.initializer] == ["w"]
