@@ -161,7 +161,8 @@ def apply_plan(model, plan, enabled: set, result=None) -> int:
 
     ``plan`` (see :class:`int8.Plan`) holds names only, so it applies to any copy of the model
     it was made from: ``plan.layers`` (``LayerSpec``), ``plan.params`` (tensor → (scale, zero)),
-    ``plan.per_channel``.
+    ``plan.per_channel``, ``plan.bias_shift`` (layer → vector added to its bias, see
+    :mod:`._quant_correct`).
     """
     graph = model.graph
     tensors = graph.tensors()
@@ -188,16 +189,22 @@ def _quantize_weights(model, graph: gs.Graph, node: gs.Node, spec, plan) -> None
     axis = spec.weight_axis if plan.per_channel else None
     scales = weight_scales(w, axis)
     x_scale = float(plan.params[spec.inputs[0]][0])
+    has_bias = spec.bias_index is not None and spec.bias_index < len(node.inputs)
+    shift = plan.bias_shift.get(spec.name)
     bias = None
-    if spec.bias_index is not None and spec.bias_index < len(node.inputs):
-        bias = np.asarray(node.inputs[spec.bias_index].values, dtype=np.float32)
-        n = w.shape[axis] if axis is not None else bias.size
+    if has_bias or shift is not None:
+        n = w.shape[spec.weight_axis]
+        bias = np.asarray(node.inputs[spec.bias_index].values, dtype=np.float32) if has_bias else np.zeros(n, np.float32)
         bias = bias.reshape(n) if bias.size == n else np.broadcast_to(bias, (n,)).copy()
+        bias = bias + shift if shift is not None else bias
         scales = fit_bias(bias, x_scale, scales) if axis is not None else np.float32(
             max(float(scales), float(np.abs(bias).max(initial=0.0)) / (x_scale * INT32_MAX)))
     node.inputs[spec.weight_index] = dequantize_constant(
         model, graph, quantize_weight(w, np.asarray(scales), axis), scales, axis, "w")
     if bias is not None:
         bq, bscale = quantize_bias(bias, x_scale, np.asarray(scales))
-        node.inputs[spec.bias_index] = dequantize_constant(
-            model, graph, bq, bscale, 0 if np.ndim(bscale) == 1 else None, "b")
+        b_dq = dequantize_constant(model, graph, bq, bscale, 0 if np.ndim(bscale) == 1 else None, "b")
+        if has_bias:
+            node.inputs[spec.bias_index] = b_dq
+        else:
+            node.inputs.append(b_dq)

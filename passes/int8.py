@@ -29,7 +29,7 @@ Lossless limit: ``exclude=all`` (or every layer falling back) leaves the graph u
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.model import Model
@@ -37,8 +37,21 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
 from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
+from ._quant_correct import bias_shifts
 from ._quant_fallback import Scorer, choose_float_layers, local_sensitivity, parse_target
 from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
+
+
+def calib_samples(ctx):
+    """The calibration samples: the first ``calib_samples`` of the feed, or all of it."""
+    n = ctx.options["calib_samples"]
+    return ctx.feed.take(n) if n > 0 else ctx.feed
+
+
+def trial_copy(model) -> Model:
+    """A copy of ``model`` to try things on: arrays shared (never mutated), the set of used
+    names shared too (a trial's fresh names only reserve more names in the original)."""
+    return replace(model, graph=model.graph.copy())
 
 
 @dataclass
@@ -57,6 +70,7 @@ class Plan:
     layers: list
     params: dict          # tensor name -> (scale, zero point)
     per_channel: bool
+    bias_shift: dict = field(default_factory=dict)  # layer name -> bias correction vector
 
 
 @register_pass
@@ -72,7 +86,8 @@ class Int8Pass(Pass):
         "calib_samples": Option(int, 0, "calibration samples to use (0: the whole feed)"),
         "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off)"),
         "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
-        "eval_samples": Option(int, 8, "samples used to score the target"),
+        "eval_samples": Option(int, 8, "samples used to score the target and measure the bias correction"),
+        "bias_correction": Option(bool, True, "shift Conv/Gemm biases by the mean output error of quantization"),
         "sensitivity": Option(str, "e2e", "layer ranking for the fallback: e2e (each layer alone in int8, "
                               "scored at the outputs) or local (one run, per-layer error; faster, coarser)",
                               ("e2e", "local")),
@@ -107,6 +122,9 @@ class Int8Pass(Pass):
             return result
         stats = self._calibrate(model, layers, ctx)
         plan = self._plan(model, layers, stats, opts, per_channel, result)
+        if opts["bias_correction"] and plan.layers:
+            plan.bias_shift = bias_shifts(trial_copy(model), plan, ctx.feed.take(max(1, opts["eval_samples"])))
+            result.metrics["bias_corrected"] = len(plan.bias_shift)
         enabled = {spec.name for spec in plan.layers}
         target = parse_target(opts["target"])
         if opts["fallback"] and target is not None and enabled:
@@ -150,10 +168,8 @@ class Int8Pass(Pass):
         tensors |= {t.name for t in plan_mod.concat_inputs(layers)}
         names = sorted(tensors)
         collector = calib.StatsCollector(names)
-        n = opts["calib_samples"]
-        samples = ctx.feed.take(n) if n > 0 else ctx.feed
-        total = n if n > 0 else None
-        for acts in ctx.progress(iter_activations(model.to_proto(), names, samples, threads=1),
+        total = opts["calib_samples"] or None
+        for acts in ctx.progress(iter_activations(model.to_proto(), names, calib_samples(ctx), threads=1),
                                  desc="int8 calibration", total=total):
             collector.update(acts)
         return collector.stats
@@ -183,19 +199,14 @@ class Int8Pass(Pass):
         samples = ctx.feed.take(max(1, ctx.options["eval_samples"]))
         scorer = Scorer(ctx.original, samples, metric)
 
-        def trial_model() -> Model:
-            """A copy of the current model to try a layer set on: arrays shared (never mutated),
-            the set of used names shared too (a trial's fresh names only reserve more names)."""
-            return replace(model, graph=model.graph.copy())
-
         def build(chosen: set):
-            trial = trial_model()
+            trial = trial_copy(model)
             apply_plan(trial, plan, chosen)  # ORT sorts the nodes itself; no commit needed
             return trial.to_proto()
 
         names = [spec.name for spec in plan.layers]
         mode = ctx.options["sensitivity"]
-        local = (lambda: local_sensitivity(trial_model(), plan, samples)) if mode == "local" else None
+        local = (lambda: local_sensitivity(trial_copy(model), plan, samples)) if mode == "local" else None
         ranker = Scorer(ctx.original, samples[: max(1, ctx.options["rank_samples"])], metric)
         float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log,
                                                      local, ranker)

@@ -112,6 +112,23 @@ def test_weight_and_bias_encodings():
     assert inits[x_dq.input[2]].dtype == np.uint8
 
 
+def test_bias_correction_removes_the_mean_shift():
+    # every weight rounds the same way (0.3·127 = 38.1 → 38) and the input is positive, so the
+    # quantized conv's output is biased low; Conv without bias gets one
+    weights = np.full((4, 1, 3, 3), 0.3, np.float32)
+    weights[:, 0, 0, 0] = 1.0
+    model = build("r = Relu (x)\ny = Conv <group = 4> (r, wd)", "float[1, 4, 10, 10] x", {"wd": weights})
+    feeds = [{"x": RNG.standard_normal((1, 4, 10, 10)).astype(np.float32)} for _ in range(16)]  # as the feed
+    errors = {}
+    for flag in ("false", "true"):
+        out, rep = quantize(model, f"target=none,bias_correction={flag}", samples=8)
+        conv = next(n for n in out.graph.node if n.op_type == "Conv")
+        assert len(conv.input) == (3 if flag == "true" else 2)
+        errors[flag] = abs(float(np.mean([run_ort(out, f)[0] - run_ort(model, f)[0] for f in feeds])))
+    assert rep.metrics["bias_corrected"] == 1
+    assert errors["true"] < errors["false"] / 3
+
+
 def test_int8_activation_option():
     out, _ = quantize(conv_chain(), "target=none,activations=int8")
     inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
