@@ -106,27 +106,25 @@ class Int8Pass(Pass):
         if any(is_quantized(g) for g in model.all_graphs()):
             result.skip("already quantized (has Q/DQ or integer ops)")
             return result
-        per_channel = self._prepare_opset(model, opts["per_channel"], result)
-        if per_channel is None:
-            return result
+        target = parse_target(opts["target"])  # a bad target fails before the calibration
         for sub in list(model.all_graphs())[1:]:
             result.skip("layer in an If/Loop body (not calibrated)",
                         sum(1 for n in sub.nodes if n.op in plan_mod.LAYER_OPS))
-        for node in model.graph.nodes:
-            if not node.name:
-                node.name = model.fresh_name(f"int8/{node.op}")
-        layers = plan_mod.find_layers(model.graph, result)
-        layers = self._filter(layers, opts, result)
-        if not layers:
+        first_look = PassResult()
+        if not self._layers(model, opts, first_look):  # decided before any opset upgrade
+            result.skipped.update(first_look.skipped)
             result.skip("no layer to quantize")
             return result
+        per_channel = self._prepare_opset(model, opts["per_channel"], result)
+        if per_channel is None:
+            return result
+        layers = self._layers(model, opts, result)
         stats = self._calibrate(model, layers, ctx)
         plan = self._plan(model, layers, stats, opts, per_channel, result)
         if opts["bias_correction"] and plan.layers:
             plan.bias_shift = bias_shifts(trial_copy(model), plan, ctx.feed.take(max(1, opts["eval_samples"])))
             result.metrics["bias_corrected"] = len(plan.bias_shift)
         enabled = {spec.name for spec in plan.layers}
-        target = parse_target(opts["target"])
         if opts["fallback"] and target is not None and enabled:
             enabled = self._fallback(model, plan, enabled, target, ctx, result)
         apply_plan(model, plan, enabled, result)
@@ -153,6 +151,13 @@ class Int8Pass(Pass):
             return False
         result.skip("opset < 10 and the upgrade to 13 failed")
         return None
+
+    def _layers(self, model, opts, result) -> list:
+        """The layers of the main graph after include / exclude (unnamed nodes get names)."""
+        for node in model.graph.nodes:
+            if not node.name:
+                node.name = model.fresh_name(f"int8/{node.op}")
+        return self._filter(plan_mod.find_layers(model.graph, result), opts, result)
 
     def _filter(self, layers, opts, result):
         include = plan_mod.parse_selectors(opts["include"], "include")

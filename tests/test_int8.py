@@ -202,6 +202,8 @@ def test_opset11_is_upgraded_and_loads(tmp_path):
     onnx.checker.check_model(out, full_check=True)
     make_session(out, opt_level="all", threads=1)
     assert optimized_ops(out, tmp_path)["QLinearConv"] == 1
+    untouched, rep = quantize(model, "exclude=all")  # nothing to quantize: no upgrade either
+    assert not rep.modified and next(o.version for o in untouched.opset_import if o.domain in ("", "ai.onnx")) == 11
 
 
 def test_already_quantized_passes_through():
