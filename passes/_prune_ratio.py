@@ -27,8 +27,6 @@ from ._prune_apply import apply
 from ._prune_importance import activation_stats, consumer_inputs, unit_scores
 from ._prune_refit import Refitter
 
-MAX_SAMPLES = 8
-
 
 def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multiple: int, result) -> set:
     blocked = cg.blocked_units()
@@ -75,7 +73,7 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
     opts = ctx.options
     teacher = model.to_proto()
     cg = analyse_model(model, ctx)
-    samples = ctx.feed.take(MAX_SAMPLES)
+    samples = ctx.feed.take(max(opts["samples"], 1))
     stats = activation_stats(cg, teacher, samples, consumer_inputs(cg))
     scores = unit_scores(cg, opts["criterion"], stats, opts["seed"])
     removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], max(opts["multiple"], 1), result)

@@ -19,7 +19,8 @@ data do not determine them, e.g. a Gemm head seeing 8 samples). Then for Conv
 ``W ← W.reshape(C_out, C_in', kh, kw)`` and bias; for Gemm ``B = W/α`` (transposed back if
 ``transB``) and ``C = c/β``; MatMul has no bias column.
 
-Skipped with a reason: more than ``MAX_INPUTS`` unknowns per output
+Skipped with a reason: fewer than ``2·(d + 1)`` rows (a Gemm head seeing one row per
+sample would memorise the calibration set, not generalise), more than ``MAX_INPUTS`` unknowns per output
 (the normal equations would be too large), a solve that does not lower the error.
 """
 
@@ -35,6 +36,7 @@ from ._prune_apply import set_input
 RIDGE = 1e-3
 MAX_ROWS = 8192
 MAX_INPUTS = 4608
+MIN_ROWS_PER_INPUT = 2  # rows ≥ 2·(d + 1), else the solve would just memorise the samples
 
 
 def conv_geometry(node, w_shape, in_spatial):
@@ -110,6 +112,9 @@ class Refitter:
             result.skip("refit: too many inputs per output")
             return
         x, y = self._rows(c, w, d, out_mask)
+        if len(x) < MIN_ROWS_PER_INPUT * (d + 1):
+            result.skip("refit: fewer calibration rows than unknowns")
+            return
         has_bias = c.kind != "matmul"
         w0 = self._current(c, w)
         if has_bias:

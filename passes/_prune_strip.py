@@ -23,6 +23,8 @@ the outputs are unchanged (up to float rounding).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 from scipy.special import erf
 
@@ -212,33 +214,37 @@ def channel_values(cg) -> dict:
     return values
 
 
+PADDED_CONV = "constant channel feeds a padded Conv"
+VARIES = "constant channel varies where read, padding on the way"
+
+
 def strippable(cg) -> tuple:
-    """(units to strip, {consumer index: values at its input}, {reason: count} for kept units)."""
+    """(units to strip, {consumer index: values at its input}, {reason: count of units kept})."""
     values = channel_values(cg)
     blocked = cg.blocked_units()
-    ok: dict = {}
-    reasons: dict = {}
+    read: set = set()
+    kept: dict = {}  # unit -> reason it cannot be stripped
     for c in cg.consumers:
-        v = values.get(c.tensor.name)
-        units = cg.units_of(c.tensor.name)
-        for unit, value in zip(units.tolist(), v):
+        for unit, value in zip(cg.units_of(c.tensor.name).tolist(), values[c.tensor.name]):
+            read.add(unit)
             if not np.isfinite(value):
-                ok[unit] = False
+                kept.setdefault(unit, VARIES)
             elif c.kind == "conv" and value != 0 and _has_padding(c.node):
-                ok[unit] = False
-                reasons["constant channel feeds a padded Conv"] = reasons.get(
-                    "constant channel feeds a padded Conv", 0) + 1
-            else:
-                ok.setdefault(unit, True)
+                kept[unit] = PADDED_CONV
+    constant_at_source = set()
+    for s in cg.sources:
+        name = s.node.outputs[0].name
+        constant_at_source.update(u for u, v in zip(cg.units_of(name).tolist(), values[name]) if np.isfinite(v))
+    reasons: Counter = Counter()
     units = set()
-    for unit, good in ok.items():
-        if not good:
-            continue
-        if unit in blocked:
-            key = f"constant channel in a blocked group: {blocked[unit]}"
-            reasons[key] = reasons.get(key, 0) + 1
-            continue
-        units.add(unit)
+    for unit in read:
+        if unit in kept:
+            if unit in constant_at_source:
+                reasons[kept[unit]] += 1  # a plain, varying channel needs no reason
+        elif unit in blocked:
+            reasons[f"constant channel in a blocked group: {blocked[unit]}"] += 1
+        else:
+            units.add(unit)
     constants = {i: values[c.tensor.name] for i, c in enumerate(cg.consumers)
                  if np.isin(cg.units_of(c.tensor.name), list(units)).any()}
-    return units, constants, reasons
+    return units, constants, dict(reasons)

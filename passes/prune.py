@@ -91,7 +91,7 @@ class PrunePass(Pass):
     summary = "remove channels: strip constant ones (lossless), or prune by importance with re-fit"
     options = {
         "ratio": Option(float, 0.0, "fraction of prunable channel units to remove (0: strip only)"),
-        "criterion": Option(str, "l1", "channel importance", CRITERIA),
+        "criterion": Option(str, "taylor", "channel importance", CRITERIA),
         "scope": Option(str, "global", "rank channels over the model or per group", ("global", "layer")),
         "min_channels": Option(int, 8, "keep at least this many channels per group"),
         "multiple": Option(int, 8, "keep channel counts at multiples of this (1: any)"),
@@ -99,6 +99,7 @@ class PrunePass(Pass):
         "sparsity": Option(float, 0.0, "unstructured magnitude sparsity of Conv/Gemm/MatMul weights"),
         "nm": Option(str, "", "N:M sparsity, e.g. 2:4"),
         "explain": Option(bool, False, "describe every dependency group in the notes"),
+        "samples": Option(int, 16, "calibration samples used for importance and re-fit"),
         "seed": Option(int, 0, "seed of the random criterion and of position sampling"),
     }
 
