@@ -1,15 +1,8 @@
 """``svd`` — low-rank factorisation of MatMul / Gemm / Conv weights.
 
-Before / after (``W``: ``k × n`` as the layer computes ``Y = X W``; ``A``: ``k × r``, ``B``: ``r × n``):
-
-```
-MatMul(X, W)                      →  MatMul(MatMul(X, A), B)
-Gemm(X, W[ᵀ], C, α, β)            →  Gemm(MatMul(X, A), α·B, C, α=1, β, transB=0)
-Conv(X, W[n,C,kh,kw], bias)       →  Conv(Conv(X, A', same attributes), B', bias)     A' = Aᵀ as [r,C,kh,kw]
-  (k = C·kh·kw over im2col rows)                                                     B' = Bᵀ as [n,r,1,1]
-```
-
-A k×k Conv becomes a k×k Conv with ``r`` filters followed by a 1×1 Conv (the simplest exact
+A layer ``Y = X W`` (``W``: ``k × n``; a Conv's ``k`` is ``C·kh·kw`` over im2col rows) becomes
+``Y = (X A) B`` with ``A``: ``k × r``, ``B``: ``r × n`` — two MatMuls, or for a Conv a Conv with
+``r`` filters and the original attributes followed by a 1×1 Conv (:mod:`._svd_rewrite`). A k×k Conv becomes a k×k Conv with ``r`` filters followed by a 1×1 Conv (the simplest exact
 spatial decomposition; a 1×1 Conv is the special case kh = kw = 1). ``A, B`` come from
 :mod:`._svd_math` (plain SVD, or whitened by the input Gram matrix from :mod:`._svd_stats`).
 
@@ -28,26 +21,44 @@ the plain SVD when the feed is generated random data — statistics of random in
 those of real ones, and the plain SVD is the whitened one for white inputs. A layer whose input
 was seen on fewer than ``2·k`` rows (e.g. an SE block after global pooling: one row per
 sample) gets the plain SVD too: its Gram matrix is (nearly) rank-deficient and a rank fitted
-to it would not generalise. The notes say
-which was used. ``force=true, rank=-1`` is lossless (``A B = W``) and is declared so.
+to it would not generalise. The notes say which was used.
+
+End-to-end target (``target``, default 0.99; 0 turns it off; ignored with ``force``): per-layer
+budgets do not bound the output error, so the pass measures the model's output cosine on up
+to 8 calibration samples and keeps only the longest damage-ordered prefix of the planned
+factorisations that holds the target (:mod:`._svd_select`). ``force=true, rank=-1`` is
+lossless (``A B = W``) and is declared so.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from ._graph import new_constant
 from ._svd_math import Factorization, breakeven_rank
+from ._svd_rewrite import apply
+from ._svd_select import select
 from ._svd_speed import decide, flops
-from ._svd_stats import collect, match
+from ._svd_stats import Layer, collect, match
 
 MAX_NOTE_LAYERS = 40
 MIN_ROWS_PER_INPUT = 2  # whiten only with at least 2·k calibration rows (else Gram is rank-deficient)
+TARGET_SAMPLES = 8
+
+
+@dataclass(eq=False)
+class Plan:
+    layer: Layer
+    r: int
+    a: np.ndarray
+    b: np.ndarray
+    rows: int
+    damage: float  # (1 − kept energy) per FLOP saved
+    note: str
 
 
 @register_pass
@@ -60,6 +71,7 @@ class SvdPass(Pass):
         "ratio": Option(float, 0.0, "keep this fraction of each layer's parameters"),
         "energy": Option(float, 0.0, "keep this fraction of singular-value energy"),
         "cosine": Option(float, 0.999, "per-layer output cosine target (the default rule)"),
+        "target": Option(float, 0.99, "end-to-end output cosine to hold on calibration data (0: off)"),
         "data": Option(str, "auto", "whiten with calibration statistics", ("auto", "true", "false")),
         "force": Option(bool, False, "factorise even when it does not pay off (tests, experiments)"),
         "measure": Option(bool, True, "time small layers in ORT and skip those that get slower"),
@@ -86,30 +98,50 @@ class SvdPass(Pass):
         data_aware = opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True))
         samples = list(ctx.feed) if data_aware else ctx.feed.take(1)
         stats = collect(model.to_proto(), layers, samples, want_gram=data_aware)
-        totals = {"flops_before": 0, "flops_after": 0, "params_before": 0, "params_after": 0}
-        lines = []
+        plans, lines = [], []
         for layer in ctx.progress(layers, desc="svd", total=len(layers)):
-            entry = stats[layer.key]
-            rows = entry.rows_per_sample
-            before = flops(rows, layer.k, layer.n)
-            r, line = self._factorise(model, layer, entry, opts, data_aware, result)
-            totals["flops_before"] += before
-            totals["flops_after"] += flops(rows, layer.k, layer.n, r) if r else before
+            plan, line = self._plan(layer, stats[layer.key], opts, data_aware, result)
+            lines.append(line)
+            if plan is not None:
+                plans.append(plan)
+        kept, measured = self._choose(model, ctx, plans, opts)
+        for plan in kept:
+            result.rewrite(f"{plan.layer.kind} → 2 × {'conv' if plan.layer.kind == 'conv' else 'matmul'}")
+        result.skip("dropped to hold the output target", len(plans) - len(kept))
+        self._report(result, layers, stats, kept, opts, data_aware, len(samples), measured, lines)
+        return result
+
+    def _choose(self, model, ctx, plans: list, opts) -> tuple:
+        """The plans to apply (applied on return) and the measured output cosine (or None)."""
+        if opts["force"] or not opts["target"] or not plans:
+            for plan in plans:
+                apply(model, plan.layer, plan.a, plan.b)
+            return plans, None
+        return select(model, plans, ctx.feed.take(TARGET_SAMPLES), opts["target"])
+
+    def _report(self, result, layers, stats, kept, opts, data_aware, n_samples, measured, lines) -> None:
+        ranks = {id(p.layer): p.r for p in kept}
+        totals = {"flops_before": 0, "flops_after": 0, "params_before": 0, "params_after": 0}
+        for layer in layers:
+            rows, r = stats[layer.key].rows_per_sample, ranks.get(id(layer), 0)
+            totals["flops_before"] += flops(rows, layer.k, layer.n)
+            totals["flops_after"] += flops(rows, layer.k, layer.n, r) if r else flops(rows, layer.k, layer.n)
             totals["params_before"] += layer.k * layer.n
             totals["params_after"] += r * (layer.k + layer.n) if r else layer.k * layer.n
-            lines.append(line)
         result.metrics.update(totals)
         if totals["flops_before"]:
             result.metrics["flops_removed"] = round(1 - totals["flops_after"] / totals["flops_before"], 4)
-        rule = self._rule(opts)
-        mode = (f"data-aware (inputs whitened with {len(samples)} calibration samples)" if data_aware
+        if measured is not None:
+            result.metrics["target_cosine_measured"] = round(measured, 6)
+        mode = (f"data-aware (inputs whitened with {n_samples} calibration samples)" if data_aware
                 else "plain SVD (no calibration data given: weights only, exact for white inputs)")
-        result.notes.append(f"{mode}; rank by {rule}; FLOPs of the candidate layers "
+        held = (f"; kept {len(kept)} of the planned rewrites to hold output cosine ≥ {opts['target']} "
+                f"(measured {measured:.5f})" if measured is not None else "")
+        result.notes.append(f"{mode}; rank by {self._rule(opts)}{held}; FLOPs of the candidate layers "
                             f"{totals['flops_before']:.3g} → {totals['flops_after']:.3g}")
         result.notes.extend(lines[:MAX_NOTE_LAYERS])
         if len(lines) > MAX_NOTE_LAYERS:
             result.notes.append(f"… {len(lines) - MAX_NOTE_LAYERS} more layers")
-        return result
 
     @staticmethod
     def _rule(opts) -> str:
@@ -118,8 +150,9 @@ class SvdPass(Pass):
                 return f"{key}={opts[key]}"
         return f"per-layer output cosine ≥ {opts['cosine']} (kept energy ≥ {opts['cosine'] ** 2:.6f})"
 
-    def _factorise(self, model, layer: Layer, entry, opts, data_aware: bool, result) -> tuple:
-        """Rewrite ``layer`` if it qualifies; ``(rank or 0, one-line note)``."""
+    @staticmethod
+    def _plan(layer: Layer, entry, opts, data_aware: bool, result) -> tuple:
+        """``(Plan or None, one-line note)`` for ``layer``."""
         name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
         whiten = data_aware and entry.gram_rows >= MIN_ROWS_PER_INPUT * layer.k
         if data_aware and not whiten:
@@ -129,50 +162,20 @@ class SvdPass(Pass):
         r, _rule = fact.choose_rank(opts["rank"], opts["ratio"], opts["energy"], opts["cosine"])
         cos = math.sqrt(fact.kept_energy(r))
         breakeven = breakeven_rank(layer.k, layer.n)
+        rows = entry.rows_per_sample
         if not opts["force"]:
             if r > breakeven:
                 result.skip("rank needed does not pay off")
-                return 0, f"{name}: r={r} > break-even {breakeven}, kept"
+                return None, f"{name}: r={r} > break-even {breakeven}, kept"
             w_shape = layer.node.inputs[1].values.shape if layer.kind == "conv" else (layer.k, layer.n)
             attrs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in layer.node.attrs.items()))
             faster, how = decide("conv" if layer.kind == "conv" else "matmul", entry.shape, w_shape,
-                                 entry.rows_per_sample, layer.k, layer.n, r, attrs, opts["measure"])
+                                 rows, layer.k, layer.n, r, attrs, opts["measure"])
             if not faster:
                 result.skip("factorised layer would be slower")
-                return 0, f"{name}: r={r} would be slower ({how}), kept"
+                return None, f"{name}: r={r} would be slower ({how}), kept"
         a, b = fact.factors(r)
-        getattr(self, f"_rewrite_{layer.kind}")(model, layer, a, b)
-        result.rewrite(f"{layer.kind} → 2 × {'conv' if layer.kind == 'conv' else 'matmul'}")
+        saved = max(flops(rows, layer.k, layer.n) - flops(rows, layer.k, layer.n, r), 1)
         shrunk = f", shrinkage {fact.shrinkage:.2f}" if fact.shrinkage is not None else ""
-        return r, f"{name}: r={r} (break-even {breakeven}), est. output cosine {cos:.5f}{shrunk}"
-
-    # --- rewrites -------------------------------------------------------------------
-    @staticmethod
-    def _first(model, layer: Layer, op: str, weight: np.ndarray, attrs: dict) -> gs.Variable:
-        """Insert ``op(X, weight)`` before the layer and make the layer read its output."""
-        dtype = layer.node.inputs[1].values.dtype
-        mid = gs.Variable(model.fresh_name("svd/low_rank"), dtype=dtype)
-        w = new_constant(model, "svd/A", weight.astype(dtype))
-        layer.graph.nodes.append(gs.Node(op, model.fresh_name(f"svd/{op}"), attrs, [layer.node.inputs[0], w], [mid]))
-        layer.node.inputs[0] = mid
-        return mid
-
-    def _rewrite_matmul(self, model, layer, a, b):
-        self._first(model, layer, "MatMul", a, {})
-        layer.node.inputs[1] = new_constant(model, "svd/B", b.astype(layer.node.inputs[1].values.dtype))
-
-    def _rewrite_gemm(self, model, layer, a, b):
-        node = layer.node
-        alpha = float(node.attrs.get("alpha", 1.0))
-        self._first(model, layer, "MatMul", a, {})
-        node.inputs[1] = new_constant(model, "svd/B", (alpha * b).astype(node.inputs[1].values.dtype))
-        node.attrs["alpha"] = 1.0
-        node.attrs["transB"] = 0
-
-    def _rewrite_conv(self, model, layer, a, b):
-        node = layer.node
-        shape = node.inputs[1].values.shape  # n, C, kh, kw
-        r = a.shape[1]
-        self._first(model, layer, "Conv", a.T.reshape(r, *shape[1:]), dict(node.attrs))
-        node.inputs[1] = new_constant(model, "svd/B", b.T.reshape(shape[0], r, 1, 1).astype(node.inputs[1].values.dtype))
-        node.attrs = {"kernel_shape": [1, 1]} if "kernel_shape" in node.attrs else {}
+        note = f"{name}: r={r} (break-even {breakeven}), est. output cosine {cos:.5f}{shrunk}"
+        return Plan(layer, r, a, b, rows, (1 - fact.kept_energy(r)) / saved, note), note

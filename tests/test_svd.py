@@ -167,6 +167,32 @@ def test_calibration_data_makes_it_data_aware(rng):
     assert entry.rewrites and entry.verification["outputs"]["y"]["cosine"] >= 0.999
 
 
+def test_output_target_drops_damaging_rewrites(rng):
+    w = rng.standard_normal
+    model = model_with([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])],
+                       [("x", [16, 64])], {"w1": w((64, 64)), "w2": w((64, 64))})
+    calib = CalibrationFeed(input_specs(model), None, num_samples=4).take(4)
+    _, free = run_svd(model, "svd(rank=2,measure=false,target=0)", calib)
+    assert sum(free.rewrites.values()) == 2 and free.verification["outputs"]["y"]["cosine"] < 0.9
+    out, held = run_svd(model, "svd(rank=2,measure=false,target=0.9999)", calib)
+    assert not held.rewrites and held.skipped["dropped to hold the output target"] == 2
+    assert len(out.graph.node) == 2
+
+
+def test_output_target_keeps_the_harmless_rewrite(rng):
+    w = rng.standard_normal
+    exact = w((64, 2)) @ w((2, 64))  # rank 2: factorising at r=2 is exact
+    model = model_with([helper.make_node("MatMul", ["x", "noisy"], ["h"]), helper.make_node("MatMul", ["h", "exact"], ["y"])],
+                       [("x", [16, 64])], {"noisy": w((64, 64)), "exact": exact})
+    calib = CalibrationFeed(input_specs(model), None, num_samples=4).take(4)
+    out, entry = run_svd(model, "svd(rank=2,measure=false,target=0.999)", calib)
+    assert entry.rewrites == {"matmul → 2 × matmul": 1}
+    assert entry.skipped["dropped to hold the output target"] == 1
+    names = {t.name for t in out.graph.initializer}
+    assert "noisy" in names and "exact" not in names
+    assert entry.verification["outputs"]["y"]["cosine"] >= 0.999
+
+
 def test_skip_reasons_are_counted(rng):
     w = rng.standard_normal
     model = model_with([
@@ -207,14 +233,20 @@ def test_rec_matmuls_full_rank_is_lossless():
 
 
 @pytest.mark.realmodel
-def test_onet_data_aware_removes_flops():
+def test_onet_output_target_is_held():
     from onnxslim_kit.model import load_proto
     from onnxslim_kit.zoo import fetch
 
     original = load_proto(fetch("mtcnn_onet"))
     specs = input_specs(original)
     calib = CalibrationFeed(specs, None, input_shapes={specs[0].name: [4, 48, 48, 3]}, num_samples=8).take(8)
-    _, report = run_pipeline(original, parse_pass_list("svd(measure=false)"), CalibrationFeed(specs, calib))
-    entry = report.passes[0]
-    assert entry.rewrites and entry.metrics["flops_after"] < entry.metrics["flops_before"]
-    assert entry.verification["outputs"]["softmax_2"]["cosine"] >= 0.99  # face / no-face probability
+    entries = {}
+    for target in ("0", "0.99"):
+        _, report = run_pipeline(original, parse_pass_list(f"svd(measure=false,target={target})"),
+                                 CalibrationFeed(specs, calib))
+        entries[target] = report.passes[0]
+    free, held = entries["0"], entries["0.99"]
+    assert free.rewrites and free.metrics["flops_after"] < free.metrics["flops_before"]
+    assert sum(held.rewrites.values()) <= sum(free.rewrites.values())
+    if held.rewrites:  # the verifier's samples are among the target's samples
+        assert min(o["cosine"] for o in held.verification["outputs"].values()) >= 0.99
