@@ -118,17 +118,7 @@ class ChannelGraph:
 
     def groups(self) -> list:
         """Connected sets of units: units that appear in the same tensor are in one group."""
-        uf = UnionFind()
-        index = {u: i for i, u in enumerate(sorted(self.all_units()))}
-        uf.new(len(index))
-        for name in self.layouts:
-            units = self.units_of(name)
-            for u in units[1:]:
-                uf.union(index[int(units[0])], index[int(u)])
-        groups: dict = {}
-        for u, i in index.items():
-            groups.setdefault(uf.find(i), []).append(u)
-        return [sorted(g) for g in groups.values()]
+        return self._components(list(self.layouts))
 
     def source_groups(self) -> list:
         """Units linked through a source's output (and the couplings behind it), not Concat.
@@ -136,11 +126,15 @@ class ChannelGraph:
         The unit of selection for ``ratio``: each group's kept count is one source's (or one
         residual chain's) channel count, so ``multiple`` applies to real layer widths.
         """
+        return self._components([s.node.outputs[0].name for s in self.sources])
+
+    def _components(self, names: list) -> list:
+        """Units linked when they appear in the same tensor of ``names``."""
         uf = UnionFind()
         index = {u: i for i, u in enumerate(sorted(self.all_units()))}
         uf.new(len(index))
-        for s in self.sources:
-            units = self.units_of(s.node.outputs[0].name)
+        for name in names:
+            units = self.units_of(name)
             for u in units[1:]:
                 uf.union(index[int(units[0])], index[int(u)])
         groups: dict = {}

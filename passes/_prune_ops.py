@@ -124,10 +124,17 @@ def _pool(cg, node, ins, shapes):
     return None
 
 
+def _data_only(node, ins) -> str | None:
+    """Reason when channels reach ``node`` other than through its first (data) input."""
+    if ins[0] is None or ins[0].flat or any(x is not None for x in ins[1:]):
+        return f"{node.op} reads channels as a parameter"
+    return None
+
+
 def _resize(cg, node, ins, shapes):
     lay = ins[0]
-    if lay is None or lay.flat or any(x is not None for x in ins[1:]):
-        return "Resize reads channels as a parameter"
+    if _data_only(node, ins):
+        return _data_only(node, ins)
     out = shapes.get(node.outputs[0].name)
     if out is None or len(out) != lay.rank or out[lay.axis] != lay.size:
         return "Resize changes the channel axis"
@@ -142,8 +149,8 @@ def _resize(cg, node, ins, shapes):
 
 def _pad(cg, node, ins, shapes):
     lay = ins[0]
-    if lay is None or lay.flat or any(x is not None for x in ins[1:]):
-        return "Pad reads channels as a parameter"
+    if _data_only(node, ins):
+        return _data_only(node, ins)
     pads = const_value(node.inputs[1]) if len(node.inputs) > 1 else np.asarray(attr(node, "pads", []))
     if len(node.inputs) > 3 and node.inputs[3] is not None:
         return "Pad with axes"

@@ -32,6 +32,7 @@ from onnxslim_kit.activations import iter_activations
 
 from ._graph import attr, const_value
 from ._prune_apply import set_input
+from ._svd_stats import conv_geometry
 
 RIDGE = 1e-3
 MAX_ROWS = 8192
@@ -39,40 +40,18 @@ MAX_INPUTS = 4608
 MIN_ROWS_PER_INPUT = 2  # rows ≥ 2·(d + 1), else the solve would just memorise the samples
 
 
-def conv_geometry(node, w_shape, in_spatial):
-    """Kernel, strides, dilations and explicit pads (``auto_pad`` resolved for ``in_spatial``)."""
-    k = w_shape[2:]
-    rank = len(k)
-    strides = list(attr(node, "strides", None) or [1] * rank)
-    dilations = list(attr(node, "dilations", None) or [1] * rank)
-    pads = list(attr(node, "pads", None) or [0] * (2 * rank))
-    auto_pad = attr(node, "auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad == "VALID":
-        pads = [0] * (2 * rank)
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        for d in range(rank):
-            out = -(-in_spatial[d] // strides[d])
-            total = max((out - 1) * strides[d] + (k[d] - 1) * dilations[d] + 1 - in_spatial[d], 0)
-            small = total // 2
-            pads[d], pads[d + rank] = (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
-    return k, strides, dilations, pads
+def im2col_rows(x: np.ndarray, geo, positions: np.ndarray) -> np.ndarray:
+    """Patches of ``x`` [N, C, H, W] under a 2-D kernel at output ``positions`` [P, 3] (n, y, x).
 
-
-def im2col_rows(x: np.ndarray, node, w_shape, positions: np.ndarray) -> np.ndarray:
-    """Patches of ``x`` [N, C, *spatial] under the kernel at output ``positions`` [P, 1 + rank]."""
-    k, strides, dilations, pads = conv_geometry(node, w_shape, x.shape[2:])
-    rank = len(k)
-    pad_width = [(0, 0), (0, 0)] + [(pads[i], pads[i + rank]) for i in range(rank)]
-    xp = np.pad(x, pad_width)
-    offsets = np.stack(np.meshgrid(*[np.arange(kk) for kk in k], indexing="ij"), -1).reshape(-1, rank)
-    index = [positions[:, :1, None]]  # batch index [P, 1, 1]
-    channel = np.arange(x.shape[1])[None, :, None]
-    spatial = [
-        (positions[:, 1 + d] * strides[d])[:, None, None] + (offsets[:, d] * dilations[d])[None, None, :]
-        for d in range(rank)
-    ]
-    patches = xp[tuple(index + [channel] + spatial)]  # [P, C, window]
+    ``geo``: :class:`._svd_stats.ConvGeometry` (``auto_pad`` already resolved to pads).
+    """
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = geo.kernel, geo.strides, geo.dilations, geo.pads
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    iy = positions[:, 1:2] * sh + np.arange(kh) * dh  # [P, kh]
+    ix = positions[:, 2:3] * sw + np.arange(kw) * dw  # [P, kw]
+    channels = np.arange(x.shape[1])
+    patches = xp[positions[:, 0, None, None, None], channels[None, :, None, None], iy[:, None, :, None],
+                 ix[:, None, None, :]]
     return patches.reshape(len(positions), -1)
 
 
@@ -103,6 +82,9 @@ class Refitter:
     def refit(self, c, out_mask, result) -> None:
         node = c.node
         w = const_value(node.inputs[1])
+        if c.kind == "conv" and w.ndim != 4:
+            result.skip("refit: Conv not 2-D")
+            return
         d = int(np.prod(w.shape[1:])) if c.kind == "conv" else w.shape[c.in_axis]
         if c.kind == "gemm" and len(node.inputs) > 2 and node.inputs[2].name and (
                 const_value(node.inputs[2]) is None or const_value(node.inputs[2]).size not in (1, w.shape[1 - c.in_axis])):
@@ -149,7 +131,8 @@ class Refitter:
         xs = []
         for i, acts in enumerate(iter_activations(self.model.to_proto(), [in_name], self.samples, threads=1)):
             x = acts[in_name]
-            xs.append(im2col_rows(x, node, w.shape, positions[i]) if c.kind == "conv" else x.reshape(-1, d))
+            xs.append(im2col_rows(x, conv_geometry(node, x.shape), positions[i]) if c.kind == "conv"
+                      else x.reshape(-1, d))
         return np.concatenate(xs).astype(np.float64), np.concatenate(ys).astype(np.float64)
 
     # --- weights ----------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from conftest import random_feeds, run_ort
 from onnx import helper
@@ -11,6 +12,7 @@ from test_prune_strip import build, conv, conv_weight, run_prune, weight
 
 from onnxslim_kit.metrics import cosine
 from onnxslim_kit.passes._prune_refit import im2col_rows
+from onnxslim_kit.passes._svd_stats import conv_geometry
 from onnxslim_kit.passes.prune import CRITERIA
 
 
@@ -107,10 +109,8 @@ def test_im2col_rows_reproduce_conv(auto_pad, strides, dilations, pads):
                               [onnx.numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     y = run_ort(model, {"x": x})[0]
-    import onnx_graphsurgeon as gs
-
     gs_node = gs.import_onnx(model).nodes[0]
     grid = np.stack(np.meshgrid(*[np.arange(d) for d in (y.shape[0],) + y.shape[2:]], indexing="ij"), -1).reshape(-1, 3)
-    rows = im2col_rows(x, gs_node, w.shape, grid)
+    rows = im2col_rows(x, conv_geometry(gs_node, x.shape), grid)
     expected = y[grid[:, 0], :, grid[:, 1], grid[:, 2]]
     np.testing.assert_allclose(rows @ w.reshape(4, -1).T, expected, rtol=1e-4, atol=1e-4)
