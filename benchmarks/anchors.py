@@ -170,7 +170,8 @@ class NpzReader:
         with np.load(path) as data:
             arrays = {name: data[name] for name in input_names}
         count = len(next(iter(arrays.values())))
-        self.samples = [{name: arrays[name][i] for name in input_names} for i in range(count)]
+        # np.asarray: a 0-d input (silero's sample rate) must stay an array, not a numpy scalar
+        self.samples = [{name: np.asarray(arrays[name][i]) for name in input_names} for i in range(count)]
         self.position = 0
 
     def get_next(self):

@@ -16,7 +16,6 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from onnxslim_kit.bench_render import drift_cell
 from onnxslim_kit.report import _size
 
 import render
@@ -127,6 +126,21 @@ def _fmt(value, spec: str, suffix: str = "") -> str:
     return "—" if value is None else f"{format(value, spec)}{suffix}"
 
 
+def drift_cell(drift: dict | None, original: bool) -> str:
+    """Lowest cosine and largest max-abs over the outputs (top-1 stays in the JSON: on
+    regression or embedding outputs an argmax over the last axis means nothing)."""
+    if original:
+        return "reference"
+    if not drift:
+        return "—"
+    if any(d is None for d in drift.values()):
+        return "outputs do not match the original's"
+    cos = min(d["cosine"] for d in drift.values())
+    text = f"cos {cos:.4f}" if cos < 0.99995 else "cos 1.0000"
+    text += f", abs {max(d['max_abs'] for d in drift.values()):.1e}"
+    return text + (", NaN/Inf differ" if any(d.get("nonfinite_mismatch") for d in drift.values()) else "")
+
+
 def _task_cell(metric: dict | None, original: bool) -> str:
     if not metric:
         return "—"
@@ -164,7 +178,7 @@ def model_table(model: dict, levels: list) -> list:
         cells = [row["variant"], _status(row, levels), _fmt(row.get("nodes"), "d"), size, _fmt(lat.get("median"), ".3f"),
                  _fmt(row.get(f"ratio_{first}"), ".2f", "×"), _fmt(row.get(f"ratio_{second}"), ".2f", "×"),
                  _fmt(row.get("peak_memory_mb"), ".1f"),
-                 drift_cell(row.get("drift"), original) if row.get("drift") or original else "—",
+                 drift_cell(row.get("drift"), original),
                  _task_cell(row.get("metric"), original), _fmt(row.get("tool_wall_seconds"), ".1f"),
                  _fmt(row.get("tool_peak_rss_mb"), ".0f")]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
@@ -175,6 +189,32 @@ def model_table(model: dict, levels: list) -> list:
         if row.get("tool_left_files"):
             notes.append(f"- {row['variant']}: left {row['tool_left_files']} file(s) in its working directory")
     return lines + ([""] + notes if notes else [])
+
+
+def summary_table(results: dict) -> list:
+    """Models × variants: paired latency ratio (ORT optimizations on) and task score."""
+    levels = results["settings"]["opt_levels"]
+    first = levels[0] if levels else "all"
+    variants = []
+    for model in results["models"]:
+        for row in model.get("rows", []):
+            if row["variant"] not in variants:
+                variants.append(row["variant"])
+    lines = ["| model | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for model in results["models"]:
+        rows = {r["variant"]: r for r in model.get("rows", [])}
+        cells = []
+        for variant in variants:
+            row = rows.get(variant)
+            if model.get("skipped") or row is None:
+                cells.append("—")
+            elif _status(row, levels) != "ok":
+                cells.append(_status(row, levels))
+            else:
+                score = (row.get("metric") or {}).get("score")
+                cells.append(f"{_fmt(row.get(f'ratio_{first}'), '.2f', '×')} · {_fmt(score, '.2f')}")
+        lines.append(f"| {model['model']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def markdown(results: dict) -> str:
@@ -209,6 +249,14 @@ def markdown(results: dict) -> str:
         "Tool s / MB: wall time and peak RSS of the tool's own process, interpreter and imports included "
         "(benchmarks/anchors.py: measure).",
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".",
+        "",
+        "## Summary",
+        "",
+        f"Per cell: latency vs the original (paired median ratio, ORT optimizations {levels[0] if levels else 'all'}, "
+        "< 1 is faster) · task score on the evaluation samples (the original's is in its column). "
+        "Details, sizes, drift and tool costs per model below.",
+        "",
+        *summary_table(results),
         "",
     ]
     for model in results["models"]:
