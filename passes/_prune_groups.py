@@ -46,7 +46,7 @@ __all__ = ["ChannelGraph", "Layout", "analyse"]
 
 def analyse(graph: gs.Graph, shapes: dict) -> ChannelGraph:
     """Build the channel graph of ``graph`` (topologically sorted); ``shapes``: name → concrete shape."""
-    cg = ChannelGraph(graph)
+    cg = ChannelGraph(graph, shapes=shapes)
     main_nodes = {id(n) for n in graph.nodes}
     for node in graph.nodes:
         _visit(cg, node, shapes)

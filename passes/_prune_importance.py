@@ -141,3 +141,31 @@ def unit_scores(cg, criterion: str, stats: dict, seed: int = 0) -> dict:
             scores.setdefault(unit, value)  # units read by no consumer: by magnitude
         return scores
     return magnitude_scores(cg, criterion)
+
+
+def unit_costs(cg) -> dict:
+    """unit → multiply-accumulates per sample that removing it saves (its producers, consumers,
+    depthwise convs), from the concrete shapes of the analysis run."""
+    costs: dict = {}
+
+    def add(name: str, per_channel: float) -> None:
+        for unit in cg.units_of(name).tolist():
+            costs[unit] = costs.get(unit, 0.0) + per_channel
+
+    def positions(name: str, conv: bool) -> float:
+        shape = cg.shapes.get(name)
+        if shape is None:
+            return 1.0
+        return float(np.prod(shape[2:] if conv else shape[:-1]))
+
+    for s in cg.sources:
+        w = const_value(s.node.inputs[1])
+        out = s.node.outputs[0].name
+        add(out, positions(out, s.kind == "conv") * w.size / w.shape[s.out_axis])
+    for c in cg.consumers:
+        w = const_value(c.node.inputs[1])
+        add(c.tensor.name, positions(c.node.outputs[0].name, c.kind == "conv") * w.size / cg.layouts[c.tensor.name].size)
+    for node, tensor in cg.depthwise:
+        w = const_value(node.inputs[1])
+        add(tensor.name, positions(tensor.name, True) * w.size / w.shape[0])
+    return costs

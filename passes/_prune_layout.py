@@ -90,6 +90,7 @@ class ChannelGraph:
     passthrough: list = field(default_factory=list)  # nodes in some group (for explain)
     uf: UnionFind = field(default_factory=UnionFind)
     block_atoms: dict = field(default_factory=dict)  # atom -> reason
+    shapes: dict = field(default_factory=dict)  # tensor name -> concrete shape (one sample)
 
     # --- building -------------------------------------------------------------
     def set_layout(self, tensor, layout: Layout) -> None:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 from ._prune_apply import apply
-from ._prune_importance import activation_stats, consumer_inputs, unit_scores
+from ._prune_importance import activation_stats, consumer_inputs, unit_costs, unit_scores
 from ._prune_refit import Refitter
 
 
@@ -76,6 +78,10 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
     samples = ctx.feed.take(max(opts["samples"], 1))
     stats = activation_stats(cg, teacher, samples, consumer_inputs(cg))
     scores = unit_scores(cg, opts["criterion"], stats, opts["seed"])
+    if opts["cost"] == "macs":
+        costs = unit_costs(cg)
+        mean = float(np.mean(list(costs.values()))) if costs else 1.0
+        scores = {u: v * mean / max(costs.get(u, mean), 1e-12) for u, v in scores.items()}
     removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], max(opts["multiple"], 1), result)
     if not removed:
         result.skip("nothing to prune at this ratio")

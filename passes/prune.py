@@ -92,6 +92,7 @@ class PrunePass(Pass):
     options = {
         "ratio": Option(float, 0.0, "fraction of prunable channel units to remove (0: strip only)"),
         "criterion": Option(str, "taylor", "channel importance", CRITERIA),
+        "cost": Option(str, "none", "divide scores by each channel's MAC share", ("none", "macs")),
         "scope": Option(str, "global", "rank channels over the model or per group", ("global", "layer")),
         "min_channels": Option(int, 8, "keep at least this many channels per group"),
         "multiple": Option(int, 8, "keep channel counts at multiples of this (1: any)"),

@@ -114,3 +114,26 @@ def test_im2col_rows_reproduce_conv(auto_pad, strides, dilations, pads):
     rows = im2col_rows(x, conv_geometry(gs_node, x.shape), grid)
     expected = y[grid[:, 0], :, grid[:, 1], grid[:, 2]]
     np.testing.assert_allclose(rows @ w.reshape(4, -1).T, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_unit_costs_count_macs_of_producer_and_consumers():
+    from onnxslim_kit.calibration import CalibrationFeed, input_specs
+    from onnxslim_kit.model import Model
+    from onnxslim_kit.passes._prune_importance import unit_costs
+    from onnxslim_kit.passes.prune import analyse_model
+    from onnxslim_kit.pipeline import PassContext
+
+    feed = CalibrationFeed(input_specs(NET), None, num_samples=1)
+    model = Model.from_proto(NET)
+    cg = analyse_model(model, PassContext(options={}, feed=feed, original=NET))
+    costs = unit_costs(cg)
+    c4_units = cg.units_of(next(s.node.outputs[0].name for s in cg.sources if s.node.name == "c4"))
+    # c4: 1×1 conv 32→16 on 12×12; each channel then feeds c5 (3×3, 24 out, no padding: 10×10)
+    expected = 12 * 12 * 32 + 10 * 10 * 24 * 9
+    assert {costs[u] for u in c4_units.tolist()} == {expected}
+
+
+def test_cost_option_prunes_by_compute_share():
+    out, result = run_prune(NET, ratio=0.3, cost="macs", multiple=4, min_channels=4)
+    assert result.rewrites["prune channel"] > 0
+    assert min_cosine(out) > 0.9
