@@ -94,4 +94,12 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
         refitter = Refitter(model, teacher, samples, opts["seed"])
         for c, out_mask in ctx.progress(consumer_masks(cg, keep), desc="prune refit"):
             refitter.refit(c, out_mask, result)
-    result.metrics["sources_shrunk"] = sum(1 for s in cg.sources if not keep[s.node.outputs[0].name].all())
+    shrunk = [(s.node, keep[s.node.outputs[0].name]) for s in cg.sources if not keep[s.node.outputs[0].name].all()]
+    result.metrics["sources_shrunk"] = len(shrunk)
+    if opts["explain"]:
+        result.notes.extend(f"cut {node.op} {node.name!r}: {len(mask)} → {int(mask.sum())} channels"
+                            for node, mask in shrunk)
+    if opts["refit"]:
+        result.notes.append(
+            f"re-fit on the first {len(samples)} calibration samples; the pipeline verifies on samples of the "
+            "same feed, so its drift is optimistic — judge accuracy on held-out data")
