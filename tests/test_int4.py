@@ -151,7 +151,7 @@ def test_gptq_1024_layer_is_fast():
     x = RNG.standard_normal((256, 1024)).astype(np.float32)
     start = time.perf_counter()
     gq.quantize_gptq(wt, gq.hessian_update(None, x), 128, True)
-    assert time.perf_counter() - start < 10
+    assert time.perf_counter() - start < 20  # ~1 s on an idle core; generous for a shared CI machine
 
 
 # --- the pass on graphs --------------------------------------------------------------------
@@ -163,7 +163,7 @@ MATMUL = "y = MatMul(x, W)"
 @pytest.mark.parametrize("symmetric", ["true", "false"])
 def test_matmul_computes_a_times_dequantized_weight(fmt, symmetric):
     model = build(MATMUL, "float[2, 3, 96] x", {"W": RNG.standard_normal((96, 40)).astype(np.float32)})
-    out, report = int4(model, f"format={fmt},symmetric={symmetric}")
+    out, report = int4(model, f"format={fmt},symmetric={symmetric},accuracy_level=0")
     ops = [n.op_type for n in out.graph.node]
     assert ("MatMulNBits" in ops) == (fmt == "nbits") and ("DequantizeLinear" in ops) == (fmt == "qdq")
     (w_deq,) = dequantized_weights(out)
@@ -177,7 +177,7 @@ def test_matmul_computes_a_times_dequantized_weight(fmt, symmetric):
 def test_on_grid_weight_gives_the_float_outputs(fmt):
     wt = on_grid(24, 64, 32, True)
     model = build(MATMUL, "float[4, 64] x", {"W": np.ascontiguousarray(wt.T)})
-    out, _ = int4(model, f"format={fmt}")
+    out, _ = int4(model, f"format={fmt},accuracy_level=0")
     x = feeds(model)
     np.testing.assert_allclose(run_ort(out, x)[0], run_ort(model, x)[0], rtol=1e-5, atol=1e-5)
 
@@ -187,12 +187,23 @@ def test_gemm_alpha_beta_transb_bias(fmt):
     b = RNG.standard_normal((24, 64)).astype(np.float32)  # transB: [N, K]
     c = RNG.standard_normal(24).astype(np.float32)
     model = build('y = Gemm<alpha=0.5, beta=2.0, transB=1>(x, B, C)', "float[3, 64] x", {"B": b, "C": c})
-    out, report = int4(model, f"format={fmt}")
+    out, report = int4(model, f"format={fmt},accuracy_level=0")
     assert "Gemm" not in [n.op_type for n in out.graph.node]
     (w_deq,) = dequantized_weights(out)
     x = feeds(model)
     np.testing.assert_allclose(run_ort(out, x)[0], x["x"] @ w_deq + 2.0 * c, rtol=1e-4, atol=1e-4)
     assert cosine(run_ort(out, x)[0], run_ort(model, x)[0]) > 0.99
+
+
+def test_default_accuracy_level_4_quantizes_activations_only_slightly():
+    model = build(MATMUL, "float[8, 128] x", {"W": RNG.standard_normal((128, 64)).astype(np.float32)})
+    fast, _ = int4(model)
+    exact, _ = int4(model, "accuracy_level=0")
+    levels = [a.i for n in fast.graph.node for a in n.attribute if a.name == "accuracy_level"]
+    assert levels == [4] and not [a for n in exact.graph.node for a in n.attribute if a.name == "accuracy_level"]
+    x = feeds(model)
+    a, b = run_ort(exact, x)[0], run_ort(fast, x)[0]
+    assert not np.array_equal(a, b) and cosine(a, b) > 0.999
 
 
 def test_skips_are_counted():
@@ -218,11 +229,39 @@ def test_skip_last_keeps_the_head(head):
     out, report = int4(model, f"skip_last=true,head={head}")
     assert report.rewrites["MatMul→int4 nbits"] == 1
     if head == "float":
-        assert report.skipped == {"head layer kept float": 1}
+        assert report.skipped == {"kept float (skip_last/keep)": 1}
         assert "W2" in inits(out)
     else:
-        assert report.rewrites["head→int8"] == 1
+        assert report.rewrites["kept layer→int8"] == 1
         assert any(v.dtype == np.int8 and v.shape == (64, 10) for v in inits(out).values())
+
+
+def test_heads_are_the_layers_nothing_quantized_follows():
+    # the residual Add lets W1's output reach y without a MatMul: W1 is still not a head
+    model = build("h1 = MatMul(x, W1)\na = Add(h1, x)\nh2 = MatMul(a, W2)\ny = Add(h2, a)", "float[4, 32] x",
+                  {"W1": RNG.standard_normal((32, 32)).astype(np.float32),
+                   "W2": RNG.standard_normal((32, 32)).astype(np.float32)})
+    out, report = int4(model, "skip_last=true")
+    assert report.rewrites == {"MatMul→int4 nbits": 1} and "W2" in inits(out) and "W1" not in inits(out)
+
+
+def test_keep_regex_selects_layers_by_name():
+    model = build("h1 = MatMul(x, W1)\nh2 = MatMul(h1, W2)\ny = MatMul(h2, W3)", "float[4, 32] x",
+                  {f"W{i}": RNG.standard_normal((32, 32)).astype(np.float32) for i in (1, 2, 3)})
+    for node, name in zip(model.graph.node, ["enc/q", "enc/ffn", "dec/q"]):
+        node.name = name
+    out, report = int4(model, "keep=ffn|^dec,head=int8")
+    assert report.rewrites == {"MatMul→int4 nbits": 1, "kept layer→int8": 2}
+    with pytest.raises(Exception, match="not a regular expression"):
+        int4(model, "keep=[a")
+
+
+@pytest.mark.parametrize("sequential, rounds", [("true", 2), ("false", 1)])
+def test_sequential_gptq_runs_a_round_per_depth(sequential, rounds):
+    model = build("h = MatMul(x, W1)\nh2 = MatMul(x, W3)\ny = MatMul(h, W2)", "float[8, 32] x",
+                  {f"W{i}": RNG.standard_normal((32, 32)).astype(np.float32) for i in (1, 2, 3)})
+    out, report = int4(model, f"method=gptq,sequential={sequential}")
+    assert report.metrics["gptq_rounds"] == rounds and report.rewrites == {"MatMul→int4 nbits": 3}
 
 
 def test_qdq_upgrades_old_opsets_or_says_why():
