@@ -160,6 +160,19 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
+def source(name: str) -> dict:
+    """Where the model comes from: the pinned wheel and sha256, or how MiniLM was exported."""
+    if name == "minilm_l6":
+        import export_minilm
+
+        return {"requirement": export_minilm.REQUIREMENT, "exported_with": export_minilm.TORCH_REQUIREMENT,
+                "opset": export_minilm.OPSET}
+    from onnxslim_kit.zoo import MODELS
+
+    zoo = MODELS[name]
+    return {"requirement": zoo.requirement, "member": zoo.member, "sha256": zoo.sha256}
+
+
 def run_model(name: str, args, work_root: Path) -> dict:
     """Everything about one model: inputs, tool rows, benchmark groups (or the reason it was skipped)."""
     record = {"model": name, "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -175,7 +188,7 @@ def run_model(name: str, args, work_root: Path) -> dict:
     work = work_root / name
     work.mkdir(parents=True, exist_ok=True)
     calib = save_calib(data.calib, work / "calib.npz")
-    record.update({"path": str(src), "inputs": {k: [list(np.shape(v)), str(np.asarray(v).dtype)]
+    record.update({"path": str(src), "source": source(name), "inputs": {k: [list(np.shape(v)), str(np.asarray(v).dtype)]
                                                 for k, v in data.eval[0].items()},
                    "calib_samples": len(data.calib), "eval_samples": len(data.eval), "input_notes": data.notes})
     record["tools"] = produce(name, src, calib, work, args)

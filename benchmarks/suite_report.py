@@ -141,6 +141,14 @@ def drift_cell(drift: dict | None, original: bool) -> str:
     return text + (", NaN/Inf differ" if any(d.get("nonfinite_mismatch") for d in drift.values()) else "")
 
 
+def _ratio_cell(row: dict, level: str) -> str:
+    """Paired median ratio with its P10–P90 spread over the rounds."""
+    ratio, spread = row.get(f"ratio_{level}"), row.get(f"ratio_spread_{level}")
+    if ratio is None:
+        return "—"
+    return f"{ratio:.2f}×" + (f" ({spread[0]:.2f}–{spread[1]:.2f})" if spread and row["variant"] != "original" else "")
+
+
 def _task_cell(metric: dict | None, original: bool) -> str:
     if not metric:
         return "—"
@@ -176,7 +184,7 @@ def model_table(model: dict, levels: list) -> list:
         size = (f"{_size(row['size_bytes'])} ({_size(row['size_compressed_bytes'])})"
                 if row.get("size_bytes") is not None else "—")
         cells = [row["variant"], _status(row, levels), _fmt(row.get("nodes"), "d"), size, _fmt(lat.get("median"), ".3f"),
-                 _fmt(row.get(f"ratio_{first}"), ".2f", "×"), _fmt(row.get(f"ratio_{second}"), ".2f", "×"),
+                 _ratio_cell(row, first), _ratio_cell(row, second),
                  _fmt(row.get("peak_memory_mb"), ".1f"),
                  drift_cell(row.get("drift"), original),
                  _task_cell(row.get("metric"), original), _fmt(row.get("tool_wall_seconds"), ".1f"),
@@ -265,7 +273,11 @@ def markdown(results: dict) -> str:
             lines += [f"Skipped: {model['skipped']}", ""]
             continue
         shapes = ", ".join(f"{k} {shape} {dtype}" for k, (shape, dtype) in model["inputs"].items())
-        lines += [f"Inputs: {shapes}.", ""] + model_table(model, levels) + [""]
+        origin = model.get("source", {})
+        made = (f"exported with {origin['exported_with']}, opset {origin['opset']}" if "exported_with" in origin
+                else f"sha256 {origin.get('sha256', '?')[:12]}…")
+        lines += [f"From {origin.get('requirement', '?')} ({made}). Inputs: {shapes}. "
+                  f"× orig in brackets: P10–P90 of the per-round ratios.", ""] + model_table(model, levels) + [""]
     return "\n".join(lines)
 
 
