@@ -56,11 +56,14 @@ def git_state() -> dict:
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--", "onnxslim_kit", "passes", "benchmarks"],
+                                cwd=root, capture_output=True, text=True).stdout.splitlines()
     except OSError:
         return {}
-    return {"commit": commit or None, "uncommitted_changes_in_tracked_files": bool(dirty)}
+    # The checkout is shared: record which code files differed from the commit while this ran.
+    changed = [line[3:] for line in status if line.strip() and not line[3:].startswith("benchmarks/results/")]
+    return {"commit": commit or None, "uncommitted_changes_in_tracked_files": any(not ln.startswith("??") for ln in status),
+            "uncommitted_code_files": changed}
 
 
 # --- merging tool rows and benchmark rows ----------------------------------------------------
@@ -235,7 +238,9 @@ def markdown(results: dict) -> str:
         f"Command: `{results['command']}`  ",
         f"Ran {results['started_utc']} → {results['finished_utc']} ({results['duration_seconds']:.0f} s), "
         f"checkout {(results['git'].get('commit') or '?')[:12]}"
-        + (" with uncommitted changes" if results["git"].get("uncommitted_changes_in_tracked_files") else "") + ".",
+        + (f" with {len(results['git']['uncommitted_code_files'])} uncommitted code file(s) (listed in the JSON; the "
+           "checkout is shared by engineers working on the passes)" if results["git"].get("uncommitted_code_files")
+           else "") + ".",
         "",
         "## Machine and settings",
         "",
