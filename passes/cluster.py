@@ -18,11 +18,14 @@ decoding subgraph: :mod:`._cluster_encode` — ORT folds the decoder at session 
 optimisations on, so the model runs on plain float weights (same latency as unclustered).
 
 Assignment: nearest centroid; or, with calibration data (``data=auto`` and ``--calib`` given,
-or ``data=true``), GPTQ (:mod:`._cluster_gptq`) for MatMul / Gemm / Conv (group 1) weights
-whose input was seen on at least ``2·k_in`` rows: the codebook and scales stay the k-means
-ones, the labels are chosen column by column so that the layer's *output* error on the
-calibration inputs is small (measured on ppocrv4_det after ``fuse``: output cosine 0.953 →
-0.967). Generated random data does not switch it on — its statistics are not real ones.
+or ``data=true``), GPTQ (:mod:`._cluster_gptq`) for MatMul / Gemm / Conv (group 1) weights:
+the codebook and scales stay the k-means ones, the labels are chosen column by column so that
+the layer's *output* error on the calibration inputs is small. Also for layers seen on fewer
+rows than inputs (after global pooling, batch-1 dense heads): the damping term keeps the
+unobserved directions in check, and on held-out inputs it still beat nearest assignment
+(measured after ``fuse``, 16 calibration / 16 evaluation inputs of the benchmark suite, worst
+output cosine: ppocrv4_det 0.953 → 0.969, mtcnn_onet 0.950 → 0.992). Generated random data
+does not switch it on — its statistics are not real ones.
 
 Conditions (each failure is a counted reason, never an error):
 
@@ -55,7 +58,6 @@ from ._svd_stats import collect, match
 # op -> input positions that may hold a weight
 WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1)}
 FLOAT_KINDS = (np.float16, np.float32, np.float64)
-MIN_ROWS_PER_INPUT = 2  # GPTQ only with at least 2·k_in calibration rows (else H is rank-deficient)
 
 
 def model_bytes(model) -> tuple:
@@ -105,7 +107,7 @@ class ClusterPass(Pass):
             per_channel = opts["per_channel"] and values.ndim >= 2
             layer = layers.get(id(node)) if index == 1 else None
             entry = stats.get(id(node))
-            if layer is not None and entry.gram_rows >= MIN_ROWS_PER_INPUT * layer.k and np.unique(values).size > k:
+            if layer is not None and entry.gram_rows > 0 and np.unique(values).size > k:
                 codebook, labels, scales = cluster_layer(layer, entry.normalized_gram, k, opts["keep_zero"],
                                                          opts["channel_scale"])
                 gptq += 1
