@@ -234,3 +234,37 @@ def test_explain_describes_groups():
     assert "through  Add 's'" in text
     assert "10/10 units blocked: reaches a graph output" in text  # fc's own outputs
     assert result.metrics["groups"] == 3  # {c1, c2 residual}, {c3 → fc}, {fc → y}
+
+
+@pytest.mark.parametrize("shape_kind", ["fixed", "computed"])
+def test_reshape_head_fixed_or_computed_shape(shape_kind):
+    """GAP → Reshape → MatMul: a fixed [-1, 16] target is rewritten to [0, -1]; a target
+    computed from Shape(x)[0:1] (batch only) needs nothing."""
+    w = zero_channels(weight(16, 3, 3, 3), [3, 4, 10])
+    nodes = [conv("c", "x", w), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"])]
+    inits = {"c.w": w, "fc.w": weight(16, 5)}
+    if shape_kind == "fixed":
+        inits["target"] = np.array([-1, 16], np.int64)
+    else:
+        inits.update(s0=np.array([0], np.int64), s1=np.array([1], np.int64), minus=np.array([-1], np.int64))
+        nodes += [helper.make_node("Shape", ["p"], ["shp"]), helper.make_node("Slice", ["shp", "s0", "s1", "s0"], ["n"]),
+                  helper.make_node("Concat", ["n", "minus"], ["target"], axis=0)]
+    nodes += [helper.make_node("Reshape", ["p", "target"], ["f"]), helper.make_node("MatMul", ["f", "fc.w"], ["y"], name="fc")]
+    proto = build(nodes, inits, [1, 3, 8, 8], {"y": 2})
+    out, result = run_prune(proto)
+    assert result.rewrites["strip constant channel"] == 3
+    assert conv_weight(out, "fc").shape == (13, 5)
+    assert_equivalent(proto, out)
+
+
+def test_shape_reading_the_channel_count_blocks():
+    w = zero_channels(weight(8, 3, 1, 1), [0])
+    nodes = [conv("c", "x", w), helper.make_node("Shape", ["c"], ["shp"]),
+             helper.make_node("Cast", ["shp"], ["shp_f"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["shp_f"], ["total"], keepdims=0),
+             helper.make_node("Conv", ["c", "k.w"], ["y"], name="k", kernel_shape=[1, 1])]
+    proto = build(nodes, {"c.w": w, "k.w": weight(4, 8, 1, 1)}, [1, 3, 4, 4], {"y": 4, "total": 0})
+    out, result = run_prune(proto)
+    assert not result.modified
+    assert result.skipped["unprunable: Shape of the channels used"] == 8
