@@ -27,7 +27,7 @@ onnx + onnxruntime; every tool pays it). The wrapper exists because Linux carrie
 high-water mark over fork and exec: spawned straight from the (large) suite process, the
 tool would be charged the suite's memory. Wall time is ``time.perf_counter`` from spawn to
 reap, interpreter start-up and imports included. The child runs in a fresh temporary
-working directory; files a tool leaves there are counted (``left_files``).
+working directory; files a tool leaves there are listed (``left_files``).
 
 Child protocol: ``python anchors.py TOOL SRC DST [--calib NPZ]`` writes DST and prints a
 JSON list of notes as its last line.
@@ -100,10 +100,37 @@ def last_error_line(text: str) -> str:
     return (lines[-1] if lines else "no error output")[:400]
 
 
+def new_row(tool: str) -> dict:
+    return {"tool": tool, "output": None, "error": None, "notes": [], "wall_seconds": None, "peak_rss_mb": None,
+            "left_files": []}
+
+
+def run_tool(row: dict, cmd: list, dst: Path, timeout: float) -> dict:
+    """Run a tool's command, measured, in a fresh working directory; fill ``row`` with the
+    outcome: wall time, peak RSS, files left behind, the model written or the error."""
+    Path(dst).unlink(missing_ok=True)  # never mistake a file of an earlier run for this run's output
+    workdir = tempfile.mkdtemp(prefix="slim-tool-")
+    try:
+        result = measure(cmd, timeout=timeout, cwd=workdir)
+        row["left_files"] = sorted(str(p.relative_to(workdir)) for p in Path(workdir).rglob("*") if p.is_file())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    row["wall_seconds"], row["peak_rss_mb"] = result["wall_seconds"], result["peak_rss_mb"]
+    if result["timed_out"]:
+        row["error"] = f"timed out after {timeout:.0f} s"
+    elif result["returncode"] != 0:
+        row["error"] = f"exit {result['returncode']}: {last_error_line(result['stderr'] or result['stdout'])}"
+    elif not Path(dst).is_file():
+        row["error"] = "the tool exited 0 but wrote no model"
+    else:
+        row["output"] = str(dst)
+    row["stdout"] = result["stdout"]
+    return row
+
+
 def run_anchor(tool: str, src: Path, dst: Path, calib: Path | None = None, timeout: float = 900.0) -> dict:
     """Run one anchor on ``src`` in a child process; a row, whatever happens."""
-    row = {"tool": tool, "output": None, "error": None, "notes": [], "wall_seconds": None, "peak_rss_mb": None,
-           "left_files": 0}
+    row = new_row(tool)
     if tool not in ANCHORS:
         row["error"] = f"unknown anchor {tool!r}; anchors: {', '.join(ANCHORS)}"
         return row
@@ -115,23 +142,9 @@ def run_anchor(tool: str, src: Path, dst: Path, calib: Path | None = None, timeo
     cmd = [sys.executable, str(Path(__file__).resolve()), tool, str(Path(src).resolve()), str(Path(dst).resolve())]
     if calib is not None:
         cmd += ["--calib", str(Path(calib).resolve())]
-    workdir = tempfile.mkdtemp(prefix=f"anchor-{tool}-")
+    run_tool(row, cmd, Path(dst), timeout)
     try:
-        result = measure(cmd, timeout=timeout, cwd=workdir)
-        row["left_files"] = sum(1 for _ in Path(workdir).rglob("*"))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    row["wall_seconds"], row["peak_rss_mb"] = result["wall_seconds"], result["peak_rss_mb"]
-    if result["timed_out"]:
-        row["error"] = f"timed out after {timeout:.0f} s"
-    elif result["returncode"] != 0:
-        row["error"] = last_error_line(result["stderr"] or result["stdout"])
-    elif not Path(dst).is_file():
-        row["error"] = "the tool exited 0 but wrote no model"
-    else:
-        row["output"] = str(dst)
-    try:
-        row["notes"] = json.loads(result["stdout"].strip().splitlines()[-1])
+        row["notes"] = json.loads(row.pop("stdout").strip().splitlines()[-1])
     except (IndexError, ValueError):
         pass
     return row

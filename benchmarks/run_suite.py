@@ -84,8 +84,7 @@ def unregistered_passes(pipeline: str) -> list:
 
 def run_pipeline(pipeline: str, src: Path, dst: Path, calib: Path, timeout: float) -> dict:
     """Our CLI on ``src`` in a measured child process; a row like :func:`anchors.run_anchor`'s."""
-    row = {"tool": f"ours: {pipeline}", "output": None, "error": None, "notes": [], "wall_seconds": None,
-           "peak_rss_mb": None, "left_files": 0}
+    row = anchors.new_row(f"ours: {pipeline}")
     try:
         missing = unregistered_passes(pipeline)
     except Exception as exc:  # noqa: BLE001 - a broken pass registry is a row, not a crash
@@ -95,16 +94,10 @@ def run_pipeline(pipeline: str, src: Path, dst: Path, calib: Path, timeout: floa
     if row["error"]:
         return row
     report = dst.with_suffix(".report.json")
+    report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "onnxslim_kit", str(src), "--passes", pipeline, "-o", str(dst), "--calib", str(calib),
            "--report", str(report), "-q"]
-    result = anchors.measure(cmd, timeout=timeout, cwd=str(dst.parent))
-    row["wall_seconds"], row["peak_rss_mb"] = result["wall_seconds"], result["peak_rss_mb"]
-    if result["timed_out"]:
-        row["error"] = f"timed out after {timeout:.0f} s"
-    elif result["returncode"] != 0 or not dst.is_file():
-        row["error"] = f"exit {result['returncode']}: {anchors.last_error_line(result['stderr'] or result['stdout'])}"
-    else:
-        row["output"] = str(dst)
+    anchors.run_tool(row, cmd, dst, timeout).pop("stdout")
     if report.is_file():
         for entry in json.loads(report.read_text()).get("passes", []):
             if entry.get("rolled_back"):

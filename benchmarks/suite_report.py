@@ -198,7 +198,8 @@ def model_table(model: dict, levels: list) -> list:
             if text:
                 notes.append(f"- {row['variant']}: {text}")
         if row.get("tool_left_files"):
-            notes.append(f"- {row['variant']}: left {row['tool_left_files']} file(s) in its working directory")
+            notes.append(f"- {row['variant']}: left {len(row['tool_left_files'])} file(s) in its working directory: "
+                         + ", ".join(row["tool_left_files"][:5]))
     return lines + ([""] + notes if notes else [])
 
 
