@@ -74,7 +74,7 @@ def _settle(model, cm: CastModel, tensor, half: set) -> int:
     if want_out is not None and want_out != p and not is_input and len(tensor.inputs) == 1:
         native = gs.Variable(model.fresh_name(f"fp16/{tensor.name}"), _dt(p), tensor.shape)
         producer = tensor.inputs[0]
-        producer.outputs[[j for j, t in enumerate(producer.outputs) if t is tensor][0]] = native
+        producer.outputs[next(j for j, t in enumerate(producer.outputs) if t is tensor)] = native
         tensor.dtype = _dt(want_out)
         graph.nodes.append(_cast(model, native, tensor, want_out))
         for user, i, precision in readers:

@@ -22,7 +22,13 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from ._int4_quant import QuantizedWeight, _pad_codes, block_params, dequantize_values, quantize_values
+from ._int4_quant import (
+    QuantizedWeight,
+    _pad_codes,
+    block_params,
+    dequantize_values,
+    quantize_values,
+)
 
 
 def hessian_update(h: np.ndarray | None, x: np.ndarray) -> np.ndarray:

@@ -51,7 +51,7 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 from onnxslim_kit.runtime import make_session, run
 
 from ._fp16_apply import apply, emulate
-from ._fp16_plan import F32, CastModel, build_plan, merge_islands
+from ._fp16_plan import CastModel, build_plan, merge_islands
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0
@@ -184,15 +184,15 @@ def _observe(proto: onnx.ModelProto, samples: list) -> dict:
 
 def _dtypes(proto: onnx.ModelProto, stats: dict) -> dict:
     """Tensor name → numpy dtype: observed at run time, else from ONNX type inference."""
-    dtypes = {}
     try:
         inferred = onnx.shape_inference.infer_shapes(proto)
-        for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-            elem = v.type.tensor_type.elem_type
-            if elem:
-                dtypes[v.name] = onnx.helper.tensor_dtype_to_np_dtype(elem)
     except Exception:  # noqa: BLE001 - inference is best effort; the observed dtypes win anyway
-        pass
+        inferred = proto
+    dtypes = {}
+    for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        elem = v.type.tensor_type.elem_type
+        if elem:
+            dtypes[v.name] = onnx.helper.tensor_dtype_to_np_dtype(elem)
     dtypes.update({name: dtype for name, (dtype, _) in stats.items()})
     return dtypes
 

@@ -173,7 +173,7 @@ def test_island_merge_removes_casts_between_float32_nodes():
     # Relu sits between two float32 (blocked) nodes: in float16 it costs two Casts, so it moves
     model = build("a = Sigmoid(x)\nb = Relu(a)\nc = Tanh(b)\nd = Conv(c, W)\ny = Relu(d)",
                   "float[1, 4, 8, 8] x", {"W": RNG.standard_normal((4, 4, 1, 1)).astype(np.float32)})
-    out, report = fp16(model, "block_ops=Sigmoid+Tanh")
+    _out, report = fp16(model, "block_ops=Sigmoid+Tanh")
     assert report.skipped["float32 to save Casts (island merge)"] == 1
     assert report.rewrites == {"node→float16": 2, "Cast inserted": 2}  # Conv, Relu; Cast in and out
 

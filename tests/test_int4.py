@@ -9,26 +9,21 @@ import time
 import numpy as np
 import onnx
 import pytest
+import test_fp16 as fp16_tests
 from conftest import run_ort
 from onnx import numpy_helper
+from onnxslim_kit.passes import _int4_gptq as gq
+from onnxslim_kit.passes import _int4_quant as iq
 
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
 from onnxslim_kit.metrics import cosine
-from onnxslim_kit.passes import _int4_gptq as gq
-from onnxslim_kit.passes import _int4_quant as iq
 from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
 
 RNG = np.random.default_rng(0)
 
 
 def build(body: str, inputs: str, inits: dict, opset: int = 13) -> onnx.ModelProto:
-    text = f'<ir_version: 8, opset_import: ["" : {opset}]>\nq ({inputs}) => (float y) {{\n{body}\n}}'
-    model = onnx.parser.parse_model(text)
-    model.graph.output[0].type.tensor_type.ClearField("shape")
-    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items())
-    model = onnx.shape_inference.infer_shapes(model)
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return fp16_tests.build(body, inputs, inits, opset=opset)
 
 
 def int4(model, options: str = "", samples: int = 4):
@@ -38,7 +33,7 @@ def int4(model, options: str = "", samples: int = 4):
 
 
 def feeds(model, seed=1):
-    return CalibrationFeed(input_specs(model), None, seed=seed).take(1)[0]
+    return fp16_tests.feeds(model, seed)
 
 
 def inits(model) -> dict:
@@ -135,7 +130,7 @@ def test_gptq_beats_rtn_on_its_objective():
     for symmetric in (True, False):
         rtn = iq.dequantize(iq.quantize_rtn(wt, 32, symmetric))
         gptq = iq.dequantize(gq.quantize_gptq(wt, xtx, 32, symmetric))
-        err = lambda w: np.linalg.norm(x @ (wt - w).T)  # noqa: E731
+        err = lambda w: np.linalg.norm(x @ (wt - w).T)
         assert err(gptq) < 0.85 * err(rtn)
 
 
@@ -187,7 +182,7 @@ def test_gemm_alpha_beta_transb_bias(fmt):
     b = RNG.standard_normal((24, 64)).astype(np.float32)  # transB: [N, K]
     c = RNG.standard_normal(24).astype(np.float32)
     model = build('y = Gemm<alpha=0.5, beta=2.0, transB=1>(x, B, C)', "float[3, 64] x", {"B": b, "C": c})
-    out, report = int4(model, f"format={fmt},accuracy_level=0")
+    out, _report = int4(model, f"format={fmt},accuracy_level=0")
     assert "Gemm" not in [n.op_type for n in out.graph.node]
     (w_deq,) = dequantized_weights(out)
     x = feeds(model)
@@ -209,14 +204,14 @@ def test_default_accuracy_level_4_quantizes_activations_only_slightly():
 def test_skips_are_counted():
     model = build("h = MatMul(x, W)\nt = Transpose(h)\ny = MatMul(h, t)",
                   "float[8, 32] x", {"W": RNG.standard_normal((32, 8)).astype(np.float32)})
-    out, report = int4(model)
+    _out, report = int4(model)
     assert report.skipped == {"weight is not a 2-D constant": 1}
     assert report.rewrites == {"MatMul→int4 nbits": 1}
 
 
 def test_short_reduction_is_skipped():
     model = build(MATMUL, "float[2, 8] x", {"W": RNG.standard_normal((8, 16)).astype(np.float32)})
-    out, report = int4(model)
+    _out, report = int4(model)
     assert report.skipped == {"reduction axis K < 16": 1} and not report.modified
 
 
@@ -250,7 +245,7 @@ def test_keep_regex_selects_layers_by_name():
                   {f"W{i}": RNG.standard_normal((32, 32)).astype(np.float32) for i in (1, 2, 3)})
     for node, name in zip(model.graph.node, ["enc/q", "enc/ffn", "dec/q"]):
         node.name = name
-    out, report = int4(model, "keep=ffn|^dec,head=int8")
+    _out, report = int4(model, "keep=ffn|^dec,head=int8")
     assert report.rewrites == {"MatMul→int4 nbits": 1, "kept layer→int8": 2}
     with pytest.raises(Exception, match="not a regular expression"):
         int4(model, "keep=[a")
@@ -260,7 +255,7 @@ def test_keep_regex_selects_layers_by_name():
 def test_sequential_gptq_runs_a_round_per_depth(sequential, rounds):
     model = build("h = MatMul(x, W1)\nh2 = MatMul(x, W3)\ny = MatMul(h, W2)", "float[8, 32] x",
                   {f"W{i}": RNG.standard_normal((32, 32)).astype(np.float32) for i in (1, 2, 3)})
-    out, report = int4(model, f"method=gptq,sequential={sequential}")
+    _out, report = int4(model, f"method=gptq,sequential={sequential}")
     assert report.metrics["gptq_rounds"] == rounds and report.rewrites == {"MatMul→int4 nbits": 3}
 
 
