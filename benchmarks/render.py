@@ -169,7 +169,8 @@ def _draw_face(draw: ImageDraw.ImageDraw, rng, cx: float, cy: float, size: float
     skin = (int(230 * tone + 20), int(180 * tone + 15), int(150 * tone + 10))
     hair = tuple(int(v) for v in rng.integers(10, 90, 3))
     w, h = size * 0.78, size
-    draw.ellipse([cx - w / 2 - size * 0.04, cy - h / 2 - size * 0.06, cx + w / 2 + size * 0.04, cy + h * 0.05], fill=hair)
+    margin = size * 0.04
+    draw.ellipse([cx - w / 2 - margin, cy - h / 2 - 1.5 * margin, cx + w / 2 + margin, cy + h * 0.05], fill=hair)
     draw.ellipse([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], fill=skin)
     eye_y, eye_dx, eye_r = cy - h * 0.08, w * 0.22, size * 0.055
     for side in (-1, 1):

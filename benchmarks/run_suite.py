@@ -55,12 +55,14 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     parser.add_argument("--calib", type=int, default=16, help="calibration samples per model (default 16)")
     parser.add_argument("--eval", type=int, default=16, help="evaluation samples per model (default 16)")
-    parser.add_argument("--opt-levels", default="all,disable", help="ORT graph optimization levels (default all,disable)")
+    parser.add_argument("--opt-levels", default="all,disable",
+                        help="ORT graph optimization levels (default all,disable)")
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads (default 1)")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-model peak-memory child runs")
     parser.add_argument("--tool-timeout", type=float, default=900.0, help="seconds per tool run (default 900)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder (default benchmarks/results)")
+    parser.add_argument("--out", type=Path, default=HERE / "results",
+                        help="results folder (default benchmarks/results)")
     parser.add_argument("--name", help="results file stem (default: today's UTC date)")
     parser.add_argument("--work", type=Path, help="keep the produced models here (default: a temp folder)")
     return parser.parse_args(argv)
@@ -203,7 +205,8 @@ def main(argv: list | None = None) -> int:
         print(f"unknown anchor(s) {', '.join(bad)}; anchors: {', '.join(anchors.ANCHORS)}", file=sys.stderr)
         return 2
     args.opt_level_list = [o.strip() for o in args.opt_levels.split(",") if o.strip()]
-    command = "python benchmarks/run_suite.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    given = sys.argv[1:] if argv is None else argv
+    command = "python benchmarks/run_suite.py " + " ".join(shlex.quote(a) for a in given)
     started = datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="slim-suite-") as tmp:
         work_root = args.work or Path(tmp)

@@ -62,7 +62,8 @@ def git_state() -> dict:
         return {}
     # The checkout is shared: record which code files differed from the commit while this ran.
     changed = [line[3:] for line in status if line.strip() and not line[3:].startswith("benchmarks/results/")]
-    return {"commit": commit or None, "uncommitted_changes_in_tracked_files": any(not ln.startswith("??") for ln in status),
+    return {"commit": commit or None,
+            "uncommitted_changes_in_tracked_files": any(not ln.startswith("??") for ln in status),
             "uncommitted_code_files": changed}
 
 
@@ -79,8 +80,9 @@ def merged_rows(record: dict, levels: list) -> list:
         row = {"variant": variant, "kind": "original" if tool is None else
                ("ours" if variant.startswith("ours:") else "anchor")}
         if tool is not None:
-            row.update({"tool_error": tool["error"], "tool_notes": tool["notes"], "tool_wall_seconds": tool["wall_seconds"],
-                        "tool_peak_rss_mb": tool["peak_rss_mb"], "tool_left_files": tool["left_files"]})
+            row.update({"tool_error": tool["error"], "tool_notes": tool["notes"],
+                        "tool_wall_seconds": tool["wall_seconds"], "tool_peak_rss_mb": tool["peak_rss_mb"],
+                        "tool_left_files": tool["left_files"]})
         first = bench.get(levels[0], {}).get(variant) if levels else None
         if first is not None:
             for key in ("nodes", "params", "macs", "size_bytes", "size_compressed_bytes", "session_seconds",
@@ -186,7 +188,8 @@ def model_table(model: dict, levels: list) -> list:
         lat = row.get(f"latency_ms_{first}") or {}
         size = (f"{_size(row['size_bytes'])} ({_size(row['size_compressed_bytes'])})"
                 if row.get("size_bytes") is not None else "—")
-        cells = [row["variant"], _status(row, levels), _fmt(row.get("nodes"), "d"), size, _fmt(lat.get("median"), ".3f"),
+        cells = [row["variant"], _status(row, levels), _fmt(row.get("nodes"), "d"), size,
+                 _fmt(lat.get("median"), ".3f"),
                  _ratio_cell(row, first), _ratio_cell(row, second),
                  _fmt(row.get("peak_memory_mb"), ".1f"),
                  drift_cell(row.get("drift"), original),
