@@ -7,8 +7,9 @@ FLOPs of ``Y = X W`` with ``rows`` rows, ``W``: ``k × n``, rank ``r`` (a Conv's
 
 A layer is factorised only if it is expected to get at least 5 % faster (``MAX_RATIO``).
 Large layers (``rows·k·n ≥ MEASURE_BELOW_MACS``) run compute-bound GEMMs on CPU, where time
-follows FLOPs, so ``after < MAX_RATIO · before`` decides. Small layers are dominated by per-node overhead
-and memory traffic, where a second node can cost more than the FLOPs it saves; for those the
+follows FLOPs, so ``after < MAX_RATIO · before`` decides. Small layers are dominated by
+per-node overhead and memory traffic, where a second node can cost more than the FLOPs it
+saves; for those the
 one-node and two-node versions are built as tiny models with random weights of the real
 shapes and timed in ORT (1 thread, all graph optimisations, interleaved rounds —
 :func:`onnxslim_kit.bench.timed_rounds`); the layer is factorised only when the median paired

@@ -2,8 +2,9 @@
 
 A layer ``Y = X W`` (``W``: ``k × n``; a Conv's ``k`` is ``C·kh·kw`` over im2col rows) becomes
 ``Y = (X A) B`` with ``A``: ``k × r``, ``B``: ``r × n`` — two MatMuls, or for a Conv a Conv with
-``r`` filters and the original attributes followed by a 1×1 Conv (:mod:`._svd_rewrite`). A k×k Conv becomes a k×k Conv with ``r`` filters followed by a 1×1 Conv (the simplest exact
-spatial decomposition; a 1×1 Conv is the special case kh = kw = 1). ``A, B`` come from
+``r`` filters and the original attributes followed by a 1×1 Conv (:mod:`._svd_rewrite`) — the
+simplest exact spatial decomposition of a k×k Conv; a 1×1 Conv is the special case kh = kw = 1.
+``A, B`` come from
 :mod:`._svd_math` (plain SVD, or whitened by the input Gram matrix from :mod:`._svd_stats`).
 
 Conditions (each failure is a counted reason):
