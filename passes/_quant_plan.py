@@ -6,7 +6,12 @@ options and the sensitivity fallback switch between int8 and float). Conditions:
 1. Conv: float activation input, constant float weight (rank 3–5), bias absent or constant;
 2. MatMul: two activations (attention), or activation × constant 2-D weight (per column);
 3. Gemm: ``transA = 0``, ``alpha = beta = 1``, constant 2-D ``B``, ``C`` absent or a constant
-   vector of ``N`` values.
+   vector of ``N`` values;
+4. Gather from a constant float table (embeddings) of at least ``MIN_TABLE`` elements: the
+   table is stored uint8 per tensor over its ``[min, max]`` and the Gather's output gets a Q
+   with the *same* scale and zero point, so that ORT drops the DQ/Q pair and gathers 8-bit
+   rows (uint8 because ORT turns int8 activation Q/DQ into uint8 on x86, which would break
+   the pair).
 
 The Q/DQ *points* of a layer, as ORT's QDQ fusion expects them (``DQ → op → Q``): every
 activation input, and its output — or, when the output's only reader is a Relu / Clip, that
@@ -41,7 +46,8 @@ from onnxslim_kit.errors import UserError
 
 from ._graph import attr, const_value, consumers, is_graph_output, is_onnx_op, producer
 
-LAYER_OPS = ("Conv", "MatMul", "Gemm")
+LAYER_OPS = ("Conv", "MatMul", "Gemm", "Gather")
+MIN_TABLE = 4096  # elements: smaller Gather tables stay float
 SHAPE_OPS = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat", "Slice",
              "Split", "Cast", "Gather", "ArgMax", "TopK", "Expand"}
 AFFINE_OPS = {"Add", "Sub", "Mul", "Div"}
@@ -93,6 +99,11 @@ def _match(node: gs.Node, result) -> Layer | None:
         if len(ins) > 2 and bias is None:
             return result.skip("Conv: bias not constant")
         return Layer(node, 1, 0, [ins[0]], node.outputs[0], bias)
+    if node.op == "Gather":
+        table = const_value(ins[0])
+        if table is None or table.dtype != np.float32 or table.size < MIN_TABLE or const_value(ins[1]) is not None:
+            return result.skip("Gather: not a float table of at least 4096 values")
+        return Layer(node, 0, None, [], node.outputs[0])
     if node.op == "MatMul":
         a, b = const_value(ins[0]), const_value(ins[1])
         if a is None and b is None and _is_float_var(ins[0]) and _is_float_var(ins[1]):
@@ -115,6 +126,8 @@ def _match(node: gs.Node, result) -> Layer | None:
 
 
 def _q_point(out: gs.Variable, graph: gs.Graph) -> gs.Variable:
+    if is_onnx_op(producer(out), "Gather"):
+        return out  # its Q must follow it directly (same scale as the table)
     users = consumers(out)
     if len(users) == 1 and not is_graph_output(out, graph) and is_onnx_op(users[0], "Relu", "Clip"):
         clip = users[0]

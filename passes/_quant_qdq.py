@@ -78,11 +78,12 @@ def quantize_bias(bias: np.ndarray, x_scale: float, w_scales: np.ndarray) -> tup
 
 
 def dequantize_constant(model, graph: gs.Graph, values_q: np.ndarray, scale: np.ndarray,
-                        axis: int | None, base: str) -> gs.Variable:
-    """``DequantizeLinear(values_q, scale, 0)`` as a node of ``graph``; returns its float output."""
+                        axis: int | None, base: str, zero=None) -> gs.Variable:
+    """``DequantizeLinear(values_q, scale, zero or 0)`` as a node of ``graph``; returns its output."""
     q = new_constant(model, f"int8/{base}_q", values_q)
     s = new_constant(model, f"int8/{base}_scale", np.asarray(scale, dtype=np.float32))
-    z = new_constant(model, f"int8/{base}_zp", np.zeros(np.shape(scale), dtype=values_q.dtype))
+    zero = np.zeros(np.shape(scale), dtype=values_q.dtype) if zero is None else np.asarray(zero)
+    z = new_constant(model, f"int8/{base}_zp", zero)
     out = gs.Variable(model.fresh_name(f"int8/{base}_dq"), dtype=np.float32, shape=list(values_q.shape))
     attrs = {"axis": int(axis)} if axis is not None and np.ndim(scale) == 1 else {}
     graph.nodes.append(gs.Node("DequantizeLinear", name=model.fresh_name("int8/DequantizeLinear"),
@@ -188,6 +189,13 @@ def _quantize_weights(model, graph: gs.Graph, node: gs.Node, spec, plan) -> None
     w = np.asarray(node.inputs[spec.weight_index].values)
     axis = spec.weight_axis if plan.per_channel else None
     scales = weight_scales(w, axis)
+    if not spec.inputs:  # a Gather table: encoded like the Q after the Gather (see _quant_plan)
+        scale, zero = plan.params[spec.output]
+        info = np.iinfo(np.asarray(zero).dtype)
+        q = np.clip(np.round(w.astype(np.float64) / float(scale)) + int(zero), info.min, info.max)
+        node.inputs[spec.weight_index] = dequantize_constant(
+            model, graph, q.astype(np.asarray(zero).dtype), scale, None, "w", zero=zero)
+        return
     x_scale = float(plan.params[spec.inputs[0]][0])
     has_bias = spec.bias_index is not None and spec.bias_index < len(node.inputs)
     shift = plan.bias_shift.get(spec.name)

@@ -184,9 +184,11 @@ class Int8Pass(Pass):
         float_reasons = plan_mod.float_tensors(model.graph, layers, stats, guards)
         specs, params = [], {}
         for layer in layers:
-            blocked = [float_reasons[t.name] for t in layer.inputs if t.name in float_reasons]
+            blocked = [float_reasons[t.name] for t in layer.inputs + [layer.output]
+                       if t.name in float_reasons and (t in layer.inputs or layer.node.op == "Gather")]
             if blocked:
-                result.skip(f"{layer.node.op} kept float: input {blocked[0]}")
+                result.skip(f"{layer.node.op} kept float: {'output' if layer.node.op == 'Gather' else 'input'} "
+                            f"{blocked[0]}")
                 continue
             if layer.output.name in float_reasons:
                 result.skip(f"output left float: {float_reasons[layer.output.name]}")
@@ -194,6 +196,9 @@ class Int8Pass(Pass):
                 if t.name not in float_reasons and t.name not in params:
                     lo, hi = calib.clip_range(stats[t.name], opts["method"], opts["percentile"])
                     params[t.name] = activation_params(lo, hi, opts["activations"])
+            if layer.node.op == "Gather":  # the output Q repeats the table's encoding (uint8: ORT turns
+                table = layer.node.inputs[0].values  # int8 activation Q/DQ into uint8 on x86)
+                params[layer.output.name] = activation_params(float(table.min()), float(table.max()), "uint8")
             bias_index = 2 if layer.bias is not None else None
             specs.append(LayerSpec(layer.name, layer.node.op, [t.name for t in layer.inputs], layer.output.name,
                                    layer.weight_index, layer.weight_axis, bias_index))

@@ -160,6 +160,28 @@ def test_matmul_gemm_placement_and_kernels(tmp_path):
     assert fused["MatMul"] == 0 and fused["Gemm"] == 0
 
 
+def test_embedding_table_is_gathered_in_int8(tmp_path):
+    model = build("e = Gather (table, ids)\ny = MatMul (e, w1)", "int64[1, 6] ids",
+                  {"table": w(128, 64), "w1": w(64, 16)})
+    out, rep = quantize(model, "target=none")
+    assert rep.rewrites["Gather→int8"] == 1 and rep.rewrites["MatMul→int8"] == 1
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    nodes = {o: n for n in out.graph.node for o in n.output}
+    gather = next(n for n in out.graph.node if n.op_type == "Gather")
+    table_dq = nodes[gather.input[0]]
+    q_after = next(n for n in out.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == gather.output[0])
+    assert inits[table_dq.input[1]] == inits[q_after.input[1]]  # same scale: ORT can drop the pair
+    assert inits[table_dq.input[0]].dtype == np.uint8 == inits[q_after.input[2]].dtype
+    assert inits[table_dq.input[2]] == inits[q_after.input[2]]
+    fused = optimized_ops(out, tmp_path)
+    opt = onnx.load(str(tmp_path / "opt.onnx"))
+    opt_gather = next(n for n in opt.graph.node if n.op_type == "Gather")
+    assert opt_gather.input[0] in {t.name for t in opt.graph.initializer if t.data_type == onnx.TensorProto.UINT8}
+    assert fused["QLinearMatMul"] + fused["MatMulIntegerToFloat"] == 1
+    feeds = {"ids": np.array([[0, 5, 9, 127, 64, 3]], np.int64)}
+    assert cosine(run_ort(model, feeds)[0], run_ort(out, feeds)[0]) > 0.99
+
+
 def test_residual_branches_both_fused(tmp_path):
     model = build(
         "a = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)\nb = Conv <pads = [1, 1, 1, 1]> (x, w2, b2)\n"
