@@ -290,9 +290,20 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _rounded(value):
+    """Floats to 6 significant digits (timings are not more precise than that)."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def write(results: dict, folder: Path, stem: str) -> tuple:
     folder.mkdir(parents=True, exist_ok=True)
     md, js = folder / f"{stem}.md", folder / f"{stem}.json"
-    js.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    js.write_text(json.dumps(_rounded(results), indent=1, default=str) + "\n")
     md.write_text(markdown(results) + "\n")
     return md, js
