@@ -118,15 +118,21 @@ def test_bias_correction_removes_the_mean_shift():
     weights = np.full((4, 1, 3, 3), 0.3, np.float32)
     weights[:, 0, 0, 0] = 1.0
     model = build("r = Relu (x)\ny = Conv <group = 4> (r, wd)", "float[1, 4, 10, 10] x", {"wd": weights})
-    feeds = [{"x": RNG.standard_normal((1, 4, 10, 10)).astype(np.float32)} for _ in range(16)]  # as the feed
+    seen = CalibrationFeed(input_specs(model), None, num_samples=8).take(8)  # what quantize() measures on
+    rng = np.random.default_rng(7)
+    held_out = [{"x": rng.standard_normal((1, 4, 10, 10)).astype(np.float32)} for _ in range(32)]
     errors = {}
     for flag in ("false", "true"):
         out, rep = quantize(model, f"target=none,bias_correction={flag}", samples=8)
         conv = next(n for n in out.graph.node if n.op_type == "Conv")
         assert len(conv.input) == (3 if flag == "true" else 2)
-        errors[flag] = abs(float(np.mean([run_ort(out, f)[0] - run_ort(model, f)[0] for f in feeds])))
+        for name, feeds in (("seen", seen), ("held_out", held_out)):
+            diffs = [run_ort(out, f)[0] - run_ort(model, f)[0] for f in feeds]
+            errors[flag, name] = np.abs(np.mean(diffs, axis=(0, 1, 3, 4))).max()  # per channel
     assert rep.metrics["bias_corrected"] == 1
-    assert errors["true"] < errors["false"] / 3
+    assert errors["true", "seen"] < errors["false", "seen"] / 10
+    # unseen inputs exceed the calibrated range more often (clipping), so the gain is smaller
+    assert errors["true", "held_out"] < errors["false", "held_out"] / 2
 
 
 def test_int8_activation_option():
