@@ -55,7 +55,8 @@ def inverse_cholesky_upper(h: np.ndarray, damp: float) -> np.ndarray:
 
 
 def quantize_gptq(
-    wt: np.ndarray, xtx: np.ndarray, block_size: int, symmetric: bool, damp: float = 0.01, lazy: int = 128
+    wt: np.ndarray, xtx: np.ndarray, block_size: int, symmetric: bool, damp: float = 0.01, lazy: int = 128,
+    search: bool = False,
 ) -> QuantizedWeight:
     """GPTQ codes for ``wt`` [N, K] given the summed XᵀX [K, K] of its inputs."""
     n, k = wt.shape
@@ -79,7 +80,7 @@ def quantize_gptq(
             col = start + j
             b = col // block_size
             if col % block_size == 0:
-                scale[b], zero[b] = block_params(w_kn[col : min(col + block_size, k)].T, symmetric)
+                scale[b], zero[b] = block_params(w_kn[col : min(col + block_size, k)].T, symmetric, search)
             w = chunk[j]
             qc = quantize_values(w, scale[b], zero[b], symmetric)
             q[col] = qc

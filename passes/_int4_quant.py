@@ -7,11 +7,14 @@ consecutive K-elements (the last block zero-padded). Each block b of row n has a
 
     dequant(q) = (q − z) · s
 
-* symmetric:  s = max|w| / 7,  z = 8,  q = clip(rint(w / s) + 8, 1, 15)  (−8 never used, so
-  the grid is symmetric around 0)
+* symmetric:  s = max|w| / 7,  z = 8,  q = clip(rint(w / s) + 8, 0, 15)  (code 0 = −8 is only
+  reached by the range search's signed candidates, s = w_extreme·r / −8, which may be negative)
 * asymmetric: lo = min(w, 0), hi = max(w, 0), s = (hi − lo) / 15, z = clip(rint(−lo / s), 0, 15),
   q = clip(rint(w / s) + z, 0, 15)  (0 is always exactly representable)
-* an all-zero block gets s = 1, q = z (dequantizes to exactly 0).
+* an all-zero block gets s = 1, q = z (dequantizes to exactly 0);
+* range search (``search``): the range above shrunk by r ∈ {1, 0.95, …, 0.7} (clipping the
+  extremes), for symmetric grids also s = w_extreme·r / −8 (16 levels), per block the candidate
+  with the least squared error wins (the plain range on ties).
 
 Encodings (both pack two 4-bit codes per byte, the element with the even index in the low
 nibble):
@@ -59,15 +62,41 @@ class QuantizedWeight:
         return self.scale.shape[1]
 
 
-def block_params(w: np.ndarray, symmetric: bool) -> tuple:
-    """Scale and zero point of each block; ``w`` is [..., bs] (the block on the last axis)."""
+SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+
+
+def block_params(w: np.ndarray, symmetric: bool, search: bool = False) -> tuple:
+    """Scale and zero point of each block; ``w`` is [..., bs] (the block on the last axis).
+
+    ``search``: also try the block's range shrunk by each r in :data:`SHRINK` and keep, per
+    block, the r with the least squared error (r = 1 wins ties: on-grid blocks stay exact).
+    """
     w = np.asarray(w, dtype=np.float32)
+    scale, zero = _range_params(w, symmetric, 1.0)
+    if not search:
+        return scale, zero
+    best = _block_error(w, scale, zero, symmetric)
+    candidates = [(r, False) for r in SHRINK[1:]] + ([(r, True) for r in SHRINK] if symmetric else [])
+    for r, signed in candidates:
+        s, z = _range_params(w, symmetric, r, signed)
+        err = _block_error(w, s, z, symmetric)
+        better = err < best
+        scale, zero, best = np.where(better, s, scale), np.where(better, z, zero), np.minimum(err, best)
+    return scale.astype(np.float32), zero.astype(np.uint8)
+
+
+def _range_params(w: np.ndarray, symmetric: bool, r: float, signed: bool = False) -> tuple:
+    if symmetric and signed:  # the extreme element on code −8 (s may be negative): 16 levels
+        extreme = np.take_along_axis(w, np.abs(w).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+        scale = extreme * np.float32(r) / np.float32(-8)
+        zero = np.full(scale.shape, SYM_ZERO, dtype=np.uint8)
+        return np.where(scale != 0, scale, np.float32(1)).astype(np.float32), zero
     if symmetric:
-        scale = np.abs(w).max(axis=-1) / np.float32(7)
+        scale = np.abs(w).max(axis=-1) * np.float32(r) / np.float32(7)
         zero = np.full(scale.shape, SYM_ZERO, dtype=np.uint8)
     else:
-        lo = np.minimum(w.min(axis=-1), 0)
-        hi = np.maximum(w.max(axis=-1), 0)
+        lo = np.minimum(w.min(axis=-1), 0) * np.float32(r)
+        hi = np.maximum(w.max(axis=-1), 0) * np.float32(r)
         scale = (hi - lo) / np.float32(QMAX)
         safe = np.where(scale > 0, scale, 1)
         zero = np.clip(np.rint(-lo / safe), 0, QMAX).astype(np.uint8)
@@ -75,11 +104,15 @@ def block_params(w: np.ndarray, symmetric: bool) -> tuple:
     return scale, zero
 
 
+def _block_error(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, symmetric: bool) -> np.ndarray:
+    q = quantize_values(w, scale[..., None], zero[..., None], symmetric)
+    return np.square(dequantize_values(q, scale[..., None], zero[..., None]) - w).sum(axis=-1)
+
+
 def quantize_values(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, symmetric: bool) -> np.ndarray:
     """Codes of ``w`` on the grid given by ``scale``/``zero`` (broadcast against ``w``)."""
-    lo = 1 if symmetric else 0
     q = np.rint(np.asarray(w, dtype=np.float32) / scale) + zero.astype(np.float32)
-    return np.clip(q, lo, QMAX).astype(np.uint8)
+    return np.clip(q, 0, QMAX).astype(np.uint8)
 
 
 def dequantize_values(q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
@@ -94,11 +127,11 @@ def pad_k(wt: np.ndarray, block_size: int) -> np.ndarray:
     return np.pad(wt, ((0, 0), (0, n_blocks * block_size - k)))
 
 
-def quantize_rtn(wt: np.ndarray, block_size: int, symmetric: bool) -> QuantizedWeight:
-    """Round-to-nearest of ``wt`` [N, K]."""
+def quantize_rtn(wt: np.ndarray, block_size: int, symmetric: bool, search: bool = False) -> QuantizedWeight:
+    """Round-to-nearest of ``wt`` [N, K] (``search``: per-block range search, see :func:`block_params`)."""
     n, k = wt.shape
     blocks = pad_k(np.asarray(wt, dtype=np.float32), block_size).reshape(n, -1, block_size)
-    scale, zero = block_params(blocks, symmetric)
+    scale, zero = block_params(blocks, symmetric, search)
     q = quantize_values(blocks, scale[..., None], zero[..., None], symmetric)
     q = _pad_codes(q.reshape(n, -1), zero, k, block_size)
     return QuantizedWeight(q, scale, zero, k, block_size, symmetric)

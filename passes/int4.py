@@ -81,6 +81,7 @@ class Int4Pass(Pass):
         "block_size": Option(int, 32, "elements per block along the reduction axis", (16, 32, 64, 128)),
         "symmetric": Option(bool, True, "symmetric grid (no zero point); false: asymmetric with zero points"),
         "method": Option(str, "rtn", "rounding: rtn (round to nearest) or gptq", ("rtn", "gptq")),
+        "search": Option(bool, True, "per-block range search (shrink the range when that lowers the error)"),
         "damp": Option(float, 0.01, "gptq dampening, as a fraction of mean(diag H)"),
         "samples": Option(int, 32, "gptq: calibration samples for the Hessians"),
         "sequential": Option(bool, True, "gptq: Hessians from the model quantized so far, layer by layer"),
@@ -297,11 +298,12 @@ def _quantize(target: Target, opts: dict, xtx, result: PassResult) -> _int4_quan
     if opts["method"] == "gptq" and xtx is not None:
         if np.all(np.isfinite(xtx)):
             try:
-                return _int4_gptq.quantize_gptq(target.wt, xtx, opts["block_size"], opts["symmetric"], opts["damp"])
+                return _int4_gptq.quantize_gptq(target.wt, xtx, opts["block_size"], opts["symmetric"], opts["damp"],
+                                                search=opts["search"])
             except np.linalg.LinAlgError:
                 pass
         result.skip("gptq: Hessian not usable (non-finite / not positive definite), RTN used")
-    return _int4_quant.quantize_rtn(target.wt, opts["block_size"], opts["symmetric"])
+    return _int4_quant.quantize_rtn(target.wt, opts["block_size"], opts["symmetric"], opts["search"])
 
 
 def _encode(model: Model, qw, dtype, fmt: str) -> tuple:

@@ -115,11 +115,22 @@ def on_grid(n, k, bs, symmetric):
     return iq.dequantize_values(q, scale[..., None], zero[..., None]).reshape(n, k)
 
 
+@pytest.mark.parametrize("search", [False, True])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_weight_on_the_grid_survives(symmetric):
+def test_weight_on_the_grid_survives(symmetric, search):
     wt = on_grid(6, 64, 32, symmetric)
-    back = iq.dequantize(iq.quantize_rtn(wt, 32, symmetric))
+    back = iq.dequantize(iq.quantize_rtn(wt, 32, symmetric, search))
     np.testing.assert_allclose(back, wt, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_range_search_never_increases_a_block_error(symmetric):
+    wt = (RNG.standard_t(3, size=(16, 256))).astype(np.float32)  # heavy tails: clipping pays
+    err = {}
+    for search in (False, True):
+        qw = iq.quantize_rtn(wt, 32, symmetric, search)
+        err[search] = np.square(iq.dequantize(qw) - wt).reshape(16, 8, 32).sum(axis=-1)
+    assert np.all(err[True] <= err[False] * (1 + 1e-6)) and err[True].sum() < 0.99 * err[False].sum()
 
 
 def test_gptq_beats_rtn_on_its_objective():
