@@ -12,6 +12,10 @@ moves into each consumer's bias (the same fold as strip's constants; at a padded
 is exact away from the borders) — the zeroth-order part of the layer-wise correction,
 before the re-fit (:mod:`._prune_refit`) does the rest.
 
+No group loses more than ``max_ratio`` of its units (default min(2·ratio, 0.9)): a global
+ranking would otherwise empty the layers whose scores happen to be spread wide — typically
+the squeeze convs of SE blocks, which see one row per sample and so cannot be re-fitted.
+
 Then per group the kept count ``k = |T_g| − n_g`` is rounded *up* to a multiple of
 ``multiple`` and raised to ``min_channels``; the group is left whole (reason counted) when
 that leaves nothing to cut. Rounding up keeps every source's channel count a multiple of
@@ -30,7 +34,13 @@ from ._prune_importance import activation_stats, consumer_inputs, unit_costs, un
 from ._prune_refit import Refitter
 
 
-def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multiple: int, result) -> set:
+def max_share(ratio: float, max_ratio: float) -> float:
+    """Largest fraction of one group that may go: ``max_ratio``, or by default min(2·ratio, 0.9)."""
+    return max_ratio if max_ratio > 0 else min(2 * ratio, 0.9)
+
+
+def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multiple: int, result,
+           cap: float = 1.0) -> set:
     blocked = cg.blocked_units()
     groups = [(g, [u for u in g if u not in blocked]) for g in cg.source_groups()]
     wanted: dict = {}
@@ -46,7 +56,7 @@ def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multip
     for i, (group, prunable) in enumerate(groups):
         if not prunable:
             continue
-        n = min(wanted[i], len(prunable))
+        n = min(wanted[i], len(prunable), int(cap * len(group)))
         keep = len(group) - n
         keep = max(math.ceil(keep / multiple) * multiple if multiple > 1 else keep, min_channels)
         n = len(group) - keep
@@ -82,7 +92,8 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
         costs = unit_costs(cg)
         mean = float(np.mean(list(costs.values()))) if costs else 1.0
         scores = {u: v * mean / max(costs.get(u, mean), 1e-12) for u, v in scores.items()}
-    removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], max(opts["multiple"], 1), result)
+    removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], max(opts["multiple"], 1), result,
+                     max_share(opts["ratio"], opts["max_ratio"]))
     if not removed:
         result.skip("nothing to prune at this ratio")
         return

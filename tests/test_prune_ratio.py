@@ -137,3 +137,11 @@ def test_cost_option_prunes_by_compute_share():
     out, result = run_prune(NET, ratio=0.3, cost="macs", multiple=4, min_channels=4)
     assert result.rewrites["prune channel"] > 0
     assert min_cosine(out) > 0.9
+
+
+def test_max_ratio_caps_each_group():
+    out, result = run_prune(NET, ratio=0.45, max_ratio=0.25, multiple=1, min_channels=1)
+    assert result.rewrites["prune channel"] > 0
+    for name, full in (("c1", 32), ("c4", 16), ("c5", 24)):
+        width = conv_weight(out, name).shape[0]
+        assert full - width <= int(0.25 * full)
