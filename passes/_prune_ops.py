@@ -124,6 +124,11 @@ def _pool(cg, node, ins, shapes):
     return None
 
 
+def _given(node, index: int) -> bool:
+    """Whether optional input ``index`` is present (not missing, not the empty name)."""
+    return len(node.inputs) > index and node.inputs[index] is not None and bool(node.inputs[index].name)
+
+
 def _data_only(node, ins) -> str | None:
     """Reason when channels reach ``node`` other than through its first (data) input."""
     if ins[0] is None or ins[0].flat or any(x is not None for x in ins[1:]):
@@ -138,11 +143,12 @@ def _resize(cg, node, ins, shapes):
     out = shapes.get(node.outputs[0].name)
     if out is None or len(out) != lay.rank or out[lay.axis] != lay.size:
         return "Resize changes the channel axis"
-    sizes = const_value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
-    if sizes is not None and sizes.size:
-        cg.params.append(ParamSlice(node, 3, -1, node.outputs[0]))  # sizes: rewrite the channel entry
-    elif len(node.inputs) > 3 and node.inputs[3] is not None and const_value(node.inputs[3]) is None:
-        return "Resize with computed sizes"
+    if _given(node, 3):
+        sizes = const_value(node.inputs[3])
+        if sizes is None:
+            return "Resize with computed sizes"
+        if sizes.size:
+            cg.params.append(ParamSlice(node, 3, -1, node.outputs[0]))  # sizes: rewrite the channel entry
     cg.set_layout(node.outputs[0], lay)
     return None
 
@@ -152,7 +158,7 @@ def _pad(cg, node, ins, shapes):
     if _data_only(node, ins):
         return _data_only(node, ins)
     pads = const_value(node.inputs[1]) if len(node.inputs) > 1 else np.asarray(attr(node, "pads", []))
-    if len(node.inputs) > 3 and node.inputs[3] is not None:
+    if _given(node, 3):
         return "Pad with axes"
     if pads is None or pads.size != 2 * lay.rank:
         return "Pad with unknown pads"

@@ -268,3 +268,25 @@ def test_shape_reading_the_channel_count_blocks():
     out, result = run_prune(proto)
     assert not result.modified
     assert result.skipped["unprunable: Shape of the channels used"] == 8
+
+
+@pytest.mark.parametrize("by", ["scales", "sizes"])
+def test_fpn_resize_add_couples_levels(by):
+    """Top-down FPN step: upsampled coarse level + lateral fine level → one unit per channel."""
+    wc = zero_channels(weight(16, 3, 3, 3), [2, 9])
+    wf = zero_channels(weight(16, 3, 1, 1), [2, 9])
+    resize_in = ["coarse", "", "scales"] if by == "scales" else ["coarse", "", "", "sizes"]
+    nodes = [
+        helper.make_node("Conv", ["x", "c.w"], ["coarse"], name="c", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+        helper.make_node("Resize", resize_in, ["up"], mode="nearest"),
+        conv("f", "x", wf), helper.make_node("Add", ["up", "f"], ["s"]),
+        conv("out", "s", weight(8, 16, 3, 3), pads=1),
+    ]
+    inits = {"c.w": wc, "f.w": wf, "out.w": weight(8, 16, 3, 3), "scales": np.array([1, 1, 2, 2], np.float32),
+             "sizes": np.array([1, 16, 8, 8], np.int64)}
+    proto = build(nodes, inits, [1, 3, 8, 8], {"out": 4})
+    out, result = run_prune(proto)
+    assert result.rewrites["strip constant channel"] == 2
+    assert conv_weight(out, "c").shape[0] == 14 and conv_weight(out, "f").shape[0] == 14
+    assert conv_weight(out, "out").shape[1] == 14
+    assert_equivalent(proto, out)
