@@ -27,6 +27,13 @@ Rank rules (first that is set wins): ``rank`` (fixed; −1 = full), ``ratio`` (k
 fraction of the parameters: ``r = ⌊ratio · k n / (k + n)⌋``), ``energy`` (smallest ``r`` with
 ``e(r) ≥ energy``), ``cosine`` (smallest ``r`` with ``√e(r) ≥ cosine``). Factorising pays off
 in parameters and FLOPs only when ``r (k + n) < k n``.
+
+Held-out rank choice (data-aware): the in-sample ``√e(r)`` is optimistic — directions that are
+weak in the calibration rows are cut, and new inputs use them (measured on MiniLM with 32
+calibration sentences: per-layer cosine 0.999 estimated, 0.982–0.998 on other sentences). So
+the energy/cosine rules fit the factorisation on half of the samples, and pick the smallest
+rank whose cosine on the *other* half reaches the target (:meth:`Factorization.heldout_cosine`);
+the factors are then refitted on all samples at that rank.
 """
 
 from __future__ import annotations
@@ -82,8 +89,10 @@ class Factorization:
     def kept_energy(self, r: int) -> float:
         return float(self.energy[r - 1]) if r > 0 else 0.0
 
-    def choose_rank(self, rank: int = 0, ratio: float = 0.0, energy: float = 0.0, cosine: float = 0.0) -> tuple:
-        """``(r, rule)`` by the first rule that is set (see the module docstring)."""
+    def choose_rank(self, rank: int = 0, ratio: float = 0.0, energy: float = 0.0, cosine: float = 0.0,
+                    heldout: np.ndarray | None = None) -> tuple:
+        """``(r, rule)`` by the first rule that is set (see the module docstring); with
+        ``heldout`` (cosine per rank on other data) the energy/cosine rules use it instead."""
         if rank:
             r = self.full_rank if rank < 0 else min(rank, self.full_rank)
             return r, f"rank={'full' if rank < 0 else rank}"
@@ -91,8 +100,27 @@ class Factorization:
             r = int(ratio * self.k * self.n / (self.k + self.n))
             return min(max(r, 1), self.full_rank), f"ratio={ratio}"
         target, rule = (energy, f"energy={energy}") if energy else (cosine**2, f"cosine={cosine}")
+        if heldout is not None:  # smallest rank whose held-out cosine reaches √target
+            reached = np.flatnonzero(heldout >= np.sqrt(min(target, 1.0)) - 1e-12)
+            return (int(reached[0]) + 1 if reached.size else self.full_rank), rule + " (held out)"
         r = int(np.searchsorted(self.energy, min(target, 1.0) - 1e-12) + 1)
         return min(r, self.full_rank), rule
+
+    def heldout_cosine(self, weight: np.ndarray, gram: np.ndarray) -> np.ndarray:
+        """``cos(X W, X A_r B_r)`` for every rank ``r`` (index ``r − 1``) on other rows ``X``
+        given only their Gram matrix ``G = XᵀX / rows``. With ``A``, ``B`` the full-rank factors
+        (so ``A_r B_r = A[:, :r] B[:r]``): ``⟨XW, XA_rB_r⟩ = Σ_{i<r} ⟨(AᵀGW)_i, B_i⟩`` and
+        ``‖XA_rB_r‖² = Σ_{i,j<r} (AᵀGA)_ij ⟨B_i, B_j⟩`` — prefix sums, all ranks at once."""
+        w = np.asarray(weight, dtype=np.float64)
+        a, b = self.factors(self.full_rank)
+        ga = gram @ a
+        cross = np.cumsum(np.sum((ga.T @ w) * b, axis=1))
+        q = (a.T @ ga) * (b @ b.T)
+        own = np.cumsum(np.diag(q) + 2 * np.sum(np.tril(q, -1), axis=1))
+        total = float(np.sum(w * (gram @ w)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cos = cross / np.sqrt(np.maximum(own, 0) * total)
+        return np.nan_to_num(cos, nan=0.0)
 
     def factors(self, r: int) -> tuple:
         """``(A, B)`` in float64: ``A`` is ``k × r``, ``B`` is ``r × n``."""

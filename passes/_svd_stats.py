@@ -97,26 +97,40 @@ class ConvGeometry:
 
 @dataclass
 class InputStats:
+    """Row count and Gram statistics of a layer input; also kept per half of the samples
+    (even / odd sample index) so that a rank can be chosen on one half and checked on the other."""
+
     rows_per_sample: int = 0
     samples: int = 0
     gram: np.ndarray | None = None
     gram_rows: int = 0
     fourth: float = 0.0  # Σ ‖x_i‖⁴ over the rows of the Gram matrix
     shape: tuple = field(default_factory=tuple)
+    halves: list = field(default_factory=lambda: [[None, 0, 0.0], [None, 0, 0.0]])  # [gram, rows, fourth]
 
     def add(self, rows: np.ndarray, total_rows: int, want_gram: bool) -> None:
+        half = self.halves[self.samples % 2]
         self.samples += 1
         self.rows_per_sample = total_rows
         if want_gram:
             r64 = rows.astype(np.float64)
             g = r64.T @ r64
+            fourth = float(np.sum(np.sum(r64**2, axis=1) ** 2))
             self.gram = g if self.gram is None else self.gram + g
             self.gram_rows += len(rows)
-            self.fourth += float(np.sum(np.sum(r64**2, axis=1) ** 2))
+            self.fourth += fourth
+            half[0] = g if half[0] is None else half[0] + g
+            half[1] += len(rows)
+            half[2] += fourth
 
     @property
     def normalized_gram(self) -> np.ndarray | None:
         return None if self.gram is None else self.gram / max(self.gram_rows, 1)
+
+    def half(self, i: int) -> tuple:
+        """``(normalised Gram, rows, Σ‖x‖⁴)`` of half ``i`` (Gram None when it saw no sample)."""
+        gram, rows, fourth = self.halves[i]
+        return (None if gram is None else gram / max(rows, 1)), rows, fourth
 
 
 def conv_geometry(node, x_shape) -> ConvGeometry | None:

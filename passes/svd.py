@@ -25,9 +25,11 @@ sample) gets the plain SVD too: its Gram matrix is (nearly) rank-deficient and a
 to it would not generalise. The notes say which was used.
 
 End-to-end target (``target``, default 0.99; 0 turns it off; ignored with ``force``): per-layer
-budgets do not bound the output error, so the pass measures the model's output cosine on up
-to 8 calibration samples and keeps only the longest damage-ordered prefix of the planned
-factorisations that holds the target (:mod:`._svd_select`). ``force=true, rank=-1`` is
+budgets do not bound the output error, so the pass measures the model's output cosine on 8
+calibration samples and keeps only the longest damage-ordered prefix of the planned
+factorisations that holds the target (:mod:`._svd_select`). With at least 16 calibration
+samples the last 8 are held out of the statistics and used for this check (an in-sample check
+was optimistic: MiniLM, one factorised layer, 0.994 in-sample vs 0.971 on other sentences). ``force=true, rank=-1`` is
 lossless (``A B = W``) and is declared so.
 """
 
@@ -98,6 +100,10 @@ class SvdPass(Pass):
             return result
         data_aware = opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True))
         samples = list(ctx.feed) if data_aware else ctx.feed.take(1)
+        check = ctx.feed.take(TARGET_SAMPLES)
+        held_out = data_aware and opts["target"] and len(samples) >= 2 * TARGET_SAMPLES
+        if held_out:  # the end-to-end check runs on samples the factors were not fitted on
+            samples, check = samples[:-TARGET_SAMPLES], samples[-TARGET_SAMPLES:]
         stats = collect(model.to_proto(), layers, samples, want_gram=data_aware)
         plans, lines = [], []
         for layer in ctx.progress(layers, desc="svd", total=len(layers)):
@@ -105,20 +111,21 @@ class SvdPass(Pass):
             lines.append(line)
             if plan is not None:
                 plans.append(plan)
-        kept, measured = self._choose(model, ctx, plans, opts)
+        kept, measured = self._choose(model, check, plans, opts)
         for plan in kept:
             result.rewrite(f"{plan.layer.kind} → 2 × {'conv' if plan.layer.kind == 'conv' else 'matmul'}")
         result.skip("dropped to hold the output target", len(plans) - len(kept))
-        self._report(result, layers, stats, kept, opts, data_aware, len(samples), measured, lines)
+        where = "held-out calibration samples" if held_out else "calibration samples"
+        self._report(result, layers, stats, kept, opts, data_aware, len(samples), (measured, where), lines)
         return result
 
-    def _choose(self, model, ctx, plans: list, opts) -> tuple:
+    def _choose(self, model, check: list, plans: list, opts) -> tuple:
         """The plans to apply (applied on return) and the measured output cosine (or None)."""
         if opts["force"] or not opts["target"] or not plans:
             for plan in plans:
                 apply(model, plan.layer, plan.a, plan.b)
             return plans, None
-        return select(model, plans, ctx.feed.take(TARGET_SAMPLES), opts["target"])
+        return select(model, plans, check, opts["target"])
 
     def _report(self, result, layers, stats, kept, opts, data_aware, n_samples, measured, lines) -> None:
         ranks = {id(p.layer): p.r for p in kept}
@@ -132,12 +139,13 @@ class SvdPass(Pass):
         result.metrics.update(totals)
         if totals["flops_before"]:
             result.metrics["flops_removed"] = round(1 - totals["flops_after"] / totals["flops_before"], 4)
+        measured, where = measured
         if measured is not None:
             result.metrics["target_cosine_measured"] = round(measured, 6)
         mode = (f"data-aware (inputs whitened with {n_samples} calibration samples)" if data_aware
                 else "plain SVD (no calibration data given: weights only, exact for white inputs)")
         held = (f"; kept {len(kept)} of the planned rewrites to hold output cosine ≥ {opts['target']} "
-                f"(measured {measured:.5f})" if measured is not None else "")
+                f"(measured {measured:.5f} on {where})" if measured is not None else "")
         result.notes.append(f"{mode}; rank by {self._rule(opts)}{held}; FLOPs of the candidate layers "
                             f"{totals['flops_before']:.3g} → {totals['flops_after']:.3g}")
         result.notes.extend(lines[:MAX_NOTE_LAYERS])
@@ -160,8 +168,13 @@ class SvdPass(Pass):
             name += f" (plain: {entry.gram_rows} rows < {MIN_ROWS_PER_INPUT}·k)"
         fact = Factorization(layer.matrix, entry.normalized_gram if whiten else None,
                              entry.gram_rows, entry.fourth)
-        r, _rule = fact.choose_rank(opts["rank"], opts["ratio"], opts["energy"], opts["cosine"])
-        cos = math.sqrt(fact.kept_energy(r))
+        heldout = None
+        if whiten and entry.half(1)[0] is not None:
+            fit_gram, fit_rows, fit_fourth = entry.half(0)
+            heldout = Factorization(layer.matrix, fit_gram, fit_rows, fit_fourth).heldout_cosine(
+                layer.matrix, entry.half(1)[0])
+        r, _rule = fact.choose_rank(opts["rank"], opts["ratio"], opts["energy"], opts["cosine"], heldout)
+        cos = float(heldout[r - 1]) if heldout is not None else math.sqrt(fact.kept_energy(r))
         breakeven = breakeven_rank(layer.k, layer.n)
         rows = entry.rows_per_sample
         if not opts["force"]:
@@ -178,5 +191,6 @@ class SvdPass(Pass):
         a, b = fact.factors(r)
         saved = max(flops(rows, layer.k, layer.n) - flops(rows, layer.k, layer.n, r), 1)
         shrunk = f", shrinkage {fact.shrinkage:.2f}" if fact.shrinkage is not None else ""
-        note = f"{name}: r={r} (break-even {breakeven}), est. output cosine {cos:.5f}{shrunk}"
-        return Plan(layer, r, a, b, rows, (1 - fact.kept_energy(r)) / saved, note), note
+        where = "held-out" if heldout is not None else "est."
+        note = f"{name}: r={r} (break-even {breakeven}), {where} output cosine {cos:.5f}{shrunk}"
+        return Plan(layer, r, a, b, rows, (1 - cos**2) / saved, note), note

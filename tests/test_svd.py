@@ -113,6 +113,19 @@ def test_whitening_minimises_output_error(rng):
     assert abs(cosine(x @ w, x @ a @ b) - estimated) < 0.01
 
 
+def test_heldout_cosine_matches_direct_computation(rng):
+    k, n = 20, 12
+    x_fit = rng.standard_normal((300, k)) @ rng.standard_normal((k, k))
+    x_other = rng.standard_normal((200, k)) @ rng.standard_normal((k, k))
+    w = rng.standard_normal((k, n))
+    fact = Factorization(w, x_fit.T @ x_fit / 300, 300, float(np.sum(np.sum(x_fit**2, 1) ** 2)))
+    heldout = fact.heldout_cosine(w, x_other.T @ x_other / 200)
+    for r in (1, 5, 12):
+        a, b = fact.factors(r)
+        assert abs(heldout[r - 1] - cosine(x_other @ w, x_other @ a @ b)) < 1e-9
+    assert fact.choose_rank(cosine=0.99, heldout=heldout)[0] == int(np.argmax(heldout >= 0.99)) + 1
+
+
 def test_shrinkage_is_large_for_few_rows(rng):
     x = rng.standard_normal((3, 20))
     gram = x.T @ x / 3
