@@ -19,6 +19,8 @@ Steps:
 3. layers found (main graph; layers inside If/Loop bodies are counted, not quantized),
    ``include`` / ``exclude`` applied;
 4. streaming calibration over the feed (histograms, bounded memory), ranges by ``method``;
+   (before it, with ``smooth``: per-channel peaks of MatMul/Gemm inputs and SmoothQuant
+   rebalancing, :mod:`._quant_smooth`);
 5. safeguards mark tensors float; layers whose input must stay float stay float;
 6. with ``fallback`` and a ``target``: the most sensitive layers go back to float until the
    target holds on the evaluation samples;
@@ -37,6 +39,7 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
 from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
+from . import _quant_smooth as smooth_mod
 from ._quant_correct import bias_shifts
 from ._quant_fallback import Scorer, choose_float_layers, local_sensitivity, parse_target
 from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
@@ -87,6 +90,8 @@ class Int8Pass(Pass):
         "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off)"),
         "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
         "eval_samples": Option(int, 8, "samples used to score the target and measure the bias correction"),
+        "smooth": Option(float, 0.5, "SmoothQuant α: move activation outliers of MatMul/Gemm inputs into "
+                         "the weights (0: off)"),
         "bias_correction": Option(bool, True, "shift Conv/Gemm biases by the mean output error of quantization"),
         "sensitivity": Option(str, "e2e", "layer ranking for the fallback: e2e (each layer alone in int8, "
                               "scored at the outputs) or local (one run, per-layer error; faster, coarser)",
@@ -119,6 +124,8 @@ class Int8Pass(Pass):
         if per_channel is None:
             return result
         layers = self._layers(model, opts, result)
+        if opts["smooth"] > 0 and self._smooth(model, layers, ctx, result):
+            layers = self._layers(model, opts, PassResult())  # the same layers, rewired inputs
         stats = self._calibrate(model, layers, ctx)
         plan = self._plan(model, layers, stats, opts, per_channel, result)
         if opts["bias_correction"] and plan.layers:
@@ -166,6 +173,13 @@ class Int8Pass(Pass):
         keep -= plan_mod.select(layers, exclude)
         result.skip("excluded by include/exclude", len(layers) - len(keep))
         return [l for l in layers if l.name in keep]
+
+    def _smooth(self, model, layers, ctx, result) -> int:
+        groups = smooth_mod.smoothable(layers)
+        if not groups:
+            return 0
+        peaks = smooth_mod.channel_peaks(model.to_proto(), sorted(groups), calib_samples(ctx))
+        return smooth_mod.smooth(model, groups, peaks, ctx.options["smooth"], result)
 
     def _calibrate(self, model, layers, ctx) -> dict:
         opts = ctx.options

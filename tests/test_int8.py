@@ -268,11 +268,31 @@ def test_concat_of_uneven_ranges_stays_float():
     # box coordinates (~100s) concatenated with scores (~1) before a layer
     model = build("a = MatMul (x, w1)\nb = Mul (a, big)\nc = Concat <axis = 1> (a, b)\ny = MatMul (c, w2)",
                   "float[4, 8] x", {"w1": w(8, 8), "big": np.float32(300.0), "w2": w(16, 4)})
-    _, rep = quantize(model, "target=none")
+    _, rep = quantize(model, "target=none,smooth=0")  # smoothing would even out these channels
     assert rep.skipped["MatMul kept float: input Concat of uneven ranges"] == 1
     assert rep.rewrites["MatMul→int8"] == 1
-    _, rep_off = quantize(model, "target=none,concat_ratio=0")
+    _, rep_off = quantize(model, "target=none,smooth=0,concat_ratio=0")
     assert rep_off.rewrites["MatMul→int8"] == 2
+
+
+def test_smoothing_moves_outlier_channels_into_the_weights():
+    # three hidden channels 50× larger than the rest feed two projections (like Q and K)
+    scale = np.ones(32, np.float32)
+    scale[[3, 17, 30]] = 50.0
+    model = build("h = Mul (x, s)\nq = MatMul (h, wq)\nk = MatMul (h, wk)\ny = Add (q, k)", "float[8, 32] x",
+                  {"s": scale, "wq": w(32, 16), "wk": w(32, 16)})
+    feeds = {"x": RNG.standard_normal((8, 32)).astype(np.float32)}
+    ref = run_ort(model, feeds)[0]
+    plain, rep_plain = quantize(model, "target=none,smooth=0,bias_correction=false")
+    smooth, rep = quantize(model, "target=none,bias_correction=false")
+    assert rep.rewrites["smoothed activation"] == 1 and ops(smooth)["Mul"] == 2
+    assert rep.rewrites["MatMul→int8"] == 2
+    err = lambda m: np.abs(run_ort(m, feeds)[0] - ref).mean()
+    assert err(smooth) < err(plain) / 2
+    # with every layer back in float, the smoothed graph equals the original up to rounding
+    equal, rep_float = quantize(model, "target=cos:1.0")
+    assert rep_float.metrics["layers_int8"] == 0 and rep_float.rewrites["smoothed activation"] == 1
+    np.testing.assert_allclose(run_ort(equal, feeds)[0], ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
