@@ -212,6 +212,17 @@ def test_default_accuracy_level_4_quantizes_activations_only_slightly():
     assert not np.array_equal(a, b) and cosine(a, b) > 0.999
 
 
+def test_float16_weights_get_float16_scales_and_float_compute():
+    w16 = RNG.standard_normal((64, 24)).astype(np.float16)
+    model = fp16_tests.build(MATMUL, "float16[4, 64] x", {"W": w16}, outputs="float16 y", opset=13)
+    out, report = int4(model)
+    node = next(n for n in out.graph.node if n.op_type == "MatMulNBits")
+    assert not [a for a in node.attribute if a.name == "accuracy_level"]
+    assert inits(out)[node.input[2]].dtype == np.float16
+    x = {"x": feeds(model)["x"].astype(np.float16)}
+    assert cosine(run_ort(out, x)[0], run_ort(model, x)[0]) > 0.99
+
+
 def test_skips_are_counted():
     model = build("h = MatMul(x, W)\nt = Transpose(h)\ny = MatMul(h, t)",
                   "float[8, 32] x", {"W": RNG.standard_normal((32, 8)).astype(np.float32)})
