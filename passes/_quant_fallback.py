@@ -24,11 +24,13 @@ Search (each step builds the model with a set of int8 layers and scores it):
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare, cosine
-from onnxslim_kit.runtime import make_session, run
+from onnxslim_kit.runtime import make_session, run, session_options
 
 from ._quant_qdq import add_quantized_twins
 
@@ -50,19 +52,53 @@ def parse_target(text: str):
     return metric, number
 
 
+class SharedWeights:
+    """The large float constants every trial model keeps unchanged, handed to ORT once.
+
+    A trial proto's copies of them are replaced by in-memory external-data stubs and the
+    session gets the arrays through ``add_external_initializers`` (no copy, no parsing): the
+    search builds one session per trial, and for an 88 MB model this is most of its cost.
+    """
+
+    def __init__(self, graph, min_size: int = 4096):
+        self.arrays = {}
+        for tensor in graph.tensors().values():
+            values = getattr(tensor, "values", None)
+            if isinstance(values, np.ndarray) and values.dtype == np.float32 and values.size >= min_size:
+                self.arrays[tensor.name] = (values, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(values)))
+
+    def session(self, proto):
+        used = []
+        for init in proto.graph.initializer:
+            entry = self.arrays.get(init.name)
+            if entry is None or tuple(init.dims) != entry[0].shape or init.data_type != onnx.TensorProto.FLOAT:
+                continue
+            init.ClearField("raw_data")
+            init.ClearField("float_data")
+            init.data_location = onnx.TensorProto.EXTERNAL
+            del init.external_data[:]
+            init.external_data.add(key="location", value="in-memory")
+            used.append(init.name)
+        so = session_options("disable", 1)
+        if used:
+            so.add_external_initializers(used, [self.arrays[n][1] for n in used])
+        return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
 class Scorer:
     """Scores candidate protos against the reference outputs on fixed samples."""
 
-    def __init__(self, original, samples: list, metric: str):
+    def __init__(self, original, samples: list, metric: str, shared: SharedWeights | None = None):
         self.samples = samples
         self.metric = metric
+        self.shared = shared
         session = make_session(original, threads=1)
         self.reference = [run(session, s) for s in samples]
         self.builds = 0
 
     def __call__(self, proto) -> float:
         self.builds += 1
-        session = make_session(proto, threads=1)
+        session = self.shared.session(proto) if self.shared is not None else make_session(proto, threads=1)
         outputs = [run(session, s) for s in self.samples]
         scores = []
         for name, ref0 in self.reference[0].items():

@@ -52,6 +52,9 @@ class DynamicPass(Pass):
             result.skip("opset < 10 has no MatMulInteger")
             return result
         opts = ctx.options
+        if opts["conv"]:
+            result.notes.append("conv=true: ConvInteger runs slowly on ONNX Runtime's CPU provider "
+                                "(often several times slower than float); prefer int8 for conv nets")
         for graph in list(model.all_graphs()):
             for node in list(graph.nodes):
                 if is_onnx_op(node, "MatMul", "Gemm"):

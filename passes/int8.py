@@ -41,7 +41,7 @@ from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
 from . import _quant_smooth as smooth_mod
 from ._quant_correct import bias_shifts
-from ._quant_fallback import Scorer, choose_float_layers, local_sensitivity, parse_target
+from ._quant_fallback import Scorer, SharedWeights, choose_float_layers, local_sensitivity, parse_target
 from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
 
 
@@ -221,7 +221,8 @@ class Int8Pass(Pass):
     def _fallback(self, model, plan, enabled, target, ctx, result) -> set:
         metric, value = target
         samples = ctx.feed.take(max(1, ctx.options["eval_samples"]))
-        scorer = Scorer(ctx.original, samples, metric)
+        shared = SharedWeights(model.graph)
+        scorer = Scorer(ctx.original, samples, metric, shared)
 
         def build(chosen: set):
             trial = trial_copy(model)
@@ -231,7 +232,7 @@ class Int8Pass(Pass):
         names = [spec.name for spec in plan.layers]
         mode = ctx.options["sensitivity"]
         local = (lambda: local_sensitivity(trial_copy(model), plan, samples)) if mode == "local" else None
-        ranker = Scorer(ctx.original, samples[: max(1, ctx.options["rank_samples"])], metric)
+        ranker = Scorer(ctx.original, samples[: max(1, ctx.options["rank_samples"])], metric, shared)
         float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log,
                                                      local, ranker)
         result.metrics["sensitivity"] = mode

@@ -49,6 +49,7 @@ def test_small_weights_and_conv_are_left_float():
     assert rep.skipped["MatMul: weight below min_weights"] == 1 and not rep.modified
     out, rep = dynamic(model, "conv=true,min_weights=0")
     assert rep.rewrites["Conv→ConvInteger"] == 1 and ops(out)["ConvInteger"] == 1
+    assert any("ConvInteger runs slowly" in note for note in rep.notes)
     x = {"x": RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)}
     assert cosine(run_ort(model, x)[0], run_ort(out, x)[0]) > 0.999
 
