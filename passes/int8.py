@@ -14,19 +14,23 @@ fidelity target and per-layer fallback: :mod:`._quant_fallback`.
 Steps:
 
 1. models that already hold Q/DQ or integer ops pass through untouched (counted reason);
-2. opset < 13: upgraded to 13 (per-channel ``DequantizeLinear`` needs ``axis``); when the
+2. layers found (Conv / MatMul / Gemm / Gather tables of the main graph; layers inside
+   If/Loop bodies are counted, not quantized), ``include`` / ``exclude`` applied; nothing
+   left → nothing changes (not even the opset);
+3. opset < 13: upgraded to 13 (per-channel ``DequantizeLinear`` needs ``axis``); when the
    converter fails, per-tensor weights on opset ≥ 10, nothing below;
-3. layers found (main graph; layers inside If/Loop bodies are counted, not quantized),
-   ``include`` / ``exclude`` applied;
-4. streaming calibration over the feed (histograms, bounded memory), ranges by ``method``;
-   (before it, with ``smooth``: per-channel peaks of MatMul/Gemm inputs and SmoothQuant
-   rebalancing, :mod:`._quant_smooth`);
-5. safeguards mark tensors float; layers whose input must stay float stay float;
-6. with ``fallback`` and a ``target``: the most sensitive layers go back to float until the
-   target holds on the evaluation samples;
-7. Q/DQ written for the chosen layers.
+4. with ``smooth``: per-channel peaks of MatMul/Gemm inputs, SmoothQuant rebalancing
+   (:mod:`._quant_smooth`);
+5. streaming calibration over the feed (histograms, bounded memory), ranges by ``method``;
+6. safeguards mark tensors float; layers whose input must stay float stay float;
+7. with ``bias_correction``: per-channel mean output shift of every Conv/Gemm measured and
+   folded into its bias (:mod:`._quant_correct`);
+8. with ``fallback`` and a ``target``: the most sensitive layers go back to float until the
+   target holds on the evaluation samples (the first ``eval_samples`` of the feed);
+9. Q/DQ written for the chosen layers.
 
-Lossless limit: ``exclude=all`` (or every layer falling back) leaves the graph unchanged.
+Lossless limit: ``exclude=all`` leaves the graph unchanged; every layer falling back leaves
+it float (with ``smooth``, an exactly equivalent rebalanced float graph).
 """
 
 from __future__ import annotations
