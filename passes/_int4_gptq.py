@@ -33,8 +33,8 @@ from ._int4_quant import (
 
 def hessian_update(h: np.ndarray | None, x: np.ndarray) -> np.ndarray:
     """Add the rows of ``x`` (any leading shape, last axis K) to the running sum XᵀX."""
-    x = np.asarray(x, dtype=np.float64).reshape(-1, x.shape[-1])
-    xtx = x.T @ x
+    x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    xtx = (x.T @ x).astype(np.float64)  # float32 product (BLAS sgemm), float64 running sum
     return xtx if h is None else h + xtx
 
 
@@ -54,18 +54,24 @@ def inverse_cholesky_upper(h: np.ndarray, damp: float) -> np.ndarray:
     return scipy.linalg.cholesky(h_inv, lower=False)
 
 
-def quantize_gptq(
-    wt: np.ndarray, xtx: np.ndarray, block_size: int, symmetric: bool, damp: float = 0.01, lazy: int = 128,
-    search: bool = False,
-) -> QuantizedWeight:
-    """GPTQ codes for ``wt`` [N, K] given the summed XᵀX [K, K] of its inputs."""
-    n, k = wt.shape
-    w_kn = np.array(np.asarray(wt, dtype=np.float32).T, order="C")  # [K, N]: a column of Wt is a row here
+def gptq_factor(xtx: np.ndarray, damp: float) -> tuple:
+    """(U float32, dead-column mask) of a summed XᵀX: dead columns get H[k,k] = 1."""
     h = np.array(xtx, dtype=np.float64)
     dead = np.diag(h) == 0
     h[dead, dead] = 1.0
+    return inverse_cholesky_upper(h, damp).astype(np.float32), dead
+
+
+def quantize_gptq(
+    wt: np.ndarray, xtx: np.ndarray, block_size: int, symmetric: bool, damp: float = 0.01, lazy: int = 128,
+    search: bool = False, factor: tuple | None = None,
+) -> QuantizedWeight:
+    """GPTQ codes for ``wt`` [N, K] given the summed XᵀX [K, K] of its inputs (or its
+    :func:`gptq_factor`, shared by the layers that read the same input)."""
+    n, k = wt.shape
+    u, dead = factor if factor is not None else gptq_factor(xtx, damp)
+    w_kn = np.array(np.asarray(wt, dtype=np.float32).T, order="C")  # [K, N]: a column of Wt is a row here
     w_kn[dead, :] = 0.0
-    u = inverse_cholesky_upper(h, damp).astype(np.float32)
 
     n_blocks = -(-k // block_size)
     q = np.zeros((n_blocks * block_size, n), np.uint8)

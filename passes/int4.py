@@ -140,10 +140,11 @@ class Int4Pass(Pass):
             # model as quantized so far (sequential GPTQ); RTN: everything in one round.
             ready = [t for t in remaining if not _fed_by(t, remaining)] if gptq and opts["sequential"] else remaining
             hessians = _hessians(model, ready, ctx) if gptq else {}
+            factors: dict = {}  # per input tensor: layers reading one input share H and its factor
             rounds += 1
             for target in ready:
                 if target.key not in cache:
-                    qw = _quantize(target, opts, hessians.get(target.node.inputs[0].name), result)
+                    qw = _quantize(target, opts, hessians.get(target.node.inputs[0].name), factors, result)
                     cache[target.key] = _encode(model, qw, target.dtype, fmt)
                     before += target.wt.size * np.dtype(target.dtype).itemsize
                     after += cache[target.key][2]
@@ -304,14 +305,17 @@ def _hessians(model: Model, targets: list, ctx) -> dict:
     return hessians
 
 
-def _quantize(target: Target, opts: dict, xtx, result: PassResult) -> _int4_quant.QuantizedWeight:
+def _quantize(target: Target, opts: dict, xtx, factors: dict, result: PassResult) -> _int4_quant.QuantizedWeight:
     if opts["method"] == "gptq" and xtx is not None:
-        if np.all(np.isfinite(xtx)):
+        name = target.node.inputs[0].name
+        if name not in factors:
             try:
-                return _int4_gptq.quantize_gptq(target.wt, xtx, opts["block_size"], opts["symmetric"], opts["damp"],
-                                                search=opts["search"])
+                factors[name] = _int4_gptq.gptq_factor(xtx, opts["damp"]) if np.all(np.isfinite(xtx)) else None
             except np.linalg.LinAlgError:
-                pass
+                factors[name] = None
+        if factors[name] is not None:
+            return _int4_gptq.quantize_gptq(target.wt, xtx, opts["block_size"], opts["symmetric"], opts["damp"],
+                                            search=opts["search"], factor=factors[name])
         result.skip("gptq: Hessian not usable (non-finite / not positive definite), RTN used")
     return _int4_quant.quantize_rtn(target.wt, opts["block_size"], opts["symmetric"], opts["search"])
 
