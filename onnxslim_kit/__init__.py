@@ -52,6 +52,7 @@ def optimize(
     strict: bool = False,
     rtol: float = 1e-4,
     verify_samples: int = 4,
+    eval_data=None,
     progress=None,
     log=None,
 ) -> tuple:
@@ -60,6 +61,8 @@ def optimize(
     ``passes``: ``"fuse,prune(ratio=0.3)"`` or a list of such strings or ``(name, {option: value})``.
     ``calib``: path (.npz/.npy/folder), a list of ``{input: array}`` dicts, or a callable
     returning an iterable of them; ``None`` generates ``num_samples`` random samples.
+    ``eval_data``: the same kinds of source, used only to verify each pass (held-out samples,
+    so the drift of a data-driven pass is not measured on the data it was fitted to).
     """
     if isinstance(model, (str, Path)):
         input_path = str(model)
@@ -69,7 +72,9 @@ def optimize(
         proto = model
     else:
         raise UserError(f"optimize() takes a path or an onnx.ModelProto, not {type(model).__name__}")
-    feed = CalibrationFeed(input_specs(proto), calib, input_shapes, num_samples=num_samples, seed=seed)
+    specs = input_specs(proto)
+    feed = CalibrationFeed(specs, calib, input_shapes, num_samples=num_samples, seed=seed)
+    eval_feed = CalibrationFeed(specs, eval_data, input_shapes) if eval_data is not None else None
     kwargs = {}
     if progress is not None:
         kwargs["progress"] = progress
@@ -77,7 +82,7 @@ def optimize(
         kwargs["log"] = log
     result, report = run_pipeline(
         proto, _specs(passes), feed, verify=verify, strict=strict, rtol=rtol,
-        verify_samples=verify_samples, **kwargs,
+        verify_samples=verify_samples, eval_feed=eval_feed, **kwargs,
     )
     report.input_path = input_path
     return result, report

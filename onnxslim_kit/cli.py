@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "ops) is not a failure: a warning is printed, the report says 'unverified'")
     parser.add_argument("--calib", metavar="PATH",
                         help=".npz/.npy file or folder of them, keys = input names (default: random data)")
+    parser.add_argument("--eval", metavar="PATH",
+                        help="held-out samples (same formats as --calib) used only to verify each pass")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                         help="fix an input's dynamic dimensions, e.g. x:1,3,224,224 (repeatable)")
     parser.add_argument("--num-samples", type=int, default=8,
@@ -133,7 +135,7 @@ def run_optimize(args) -> int:
     proto, report = optimize(
         model_path, args.passes, calib=args.calib, input_shapes=parse_input_shapes(args.input_shape),
         num_samples=args.num_samples, seed=args.seed, verify=not args.no_verify, strict=args.strict,
-        rtol=args.rtol, verify_samples=args.verify_samples, progress=_progress_factory(args.quiet), log=log,
+        rtol=args.rtol, verify_samples=args.verify_samples, eval_data=args.eval, progress=_progress_factory(args.quiet), log=log,
     )
     for entry in report.passes:
         if (entry.verification or {}).get("status") == "unverified" and (args.strict or not args.quiet):

@@ -216,6 +216,7 @@ def run_pipeline(
     strict: bool = False,
     rtol: float = 1e-4,
     verify_samples: int = 4,
+    eval_feed=None,
     progress: Callable[..., Iterable] = lambda it, **_: it,
     log: Callable[[str], None] = lambda _msg: None,
 ) -> tuple:
@@ -223,7 +224,9 @@ def run_pipeline(
     resolved = resolve(specs)
     model = Model.from_proto(original)
     report = Report(load_notes=list(model.load_notes))
-    verifier = Verifier(original, feed.take(verify_samples), rtol=rtol) if verify else None
+    held_out = eval_feed is not None
+    verifier = Verifier(original, (eval_feed if held_out else feed).take(verify_samples), rtol=rtol) if verify else None
+    report.verified_on = "held-out evaluation samples" if held_out else "calibration samples"
     if verifier is not None:
         report.original_check = verifier.original_check
     report.before = model_stats(original)

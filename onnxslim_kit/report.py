@@ -73,6 +73,7 @@ class Report:
     after: dict = field(default_factory=dict)
     load_notes: list = field(default_factory=list)
     original_check: str | None = None
+    verified_on: str = "calibration samples"
     input_path: str | None = None
     output_path: str | None = None
 
@@ -177,6 +178,10 @@ def render_table(report: Report) -> str:
         if details:
             lines.append(f"{p.name}:")
             lines.extend(f"  {d}" for d in details)
+    lossy = [p.name for p in report.passes if p.modified and not p.lossless]
+    if lossy and report.verified_on == "calibration samples":
+        lines.append(f"note: drift of {', '.join(lossy)} measured on the calibration samples the passes saw; "
+                     "pass --eval for held-out samples")
     for note in report.load_notes:
         lines.append(f"load: {note}")
     if report.original_check:

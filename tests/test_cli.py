@@ -108,3 +108,9 @@ def test_module_entry_point_runs(model_path, tmp_path):
     assert (tmp_path / "x.onnx").exists()
     help_proc = subprocess.run([sys.executable, "-m", "onnxslim_kit", "--help"], capture_output=True, text=True)
     assert help_proc.returncode == 0 and "exit codes" in help_proc.stdout
+
+
+def test_eval_option(model_path, tmp_path):
+    np.savez(tmp_path / "eval.npz", x=np.ones((3, 1, 4), np.float32))
+    assert main([str(model_path), "-q", "--eval", str(tmp_path / "eval.npz"), "--report", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["verified_on"] == "held-out evaluation samples"

@@ -119,3 +119,16 @@ def test_report_json_and_table():
     assert data["before"]["params"] == 4
     table = report.table()
     assert "test_break_bias" in table and "drift" in table
+
+
+def test_held_out_evaluation_samples_are_used_for_verification():
+    calib = [{"x": np.zeros((2, 4), np.float32)}]
+    held_out = [{"x": np.full((2, 4), 10.0, np.float32)}]
+    _, on_calib = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=true)", calib=calib)
+    _, on_eval = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=true)", calib=calib, eval_data=held_out)
+    assert on_calib.verified_on == "calibration samples" and "pass --eval" in on_calib.table()
+    assert on_eval.verified_on == "held-out evaluation samples" and "--eval" not in on_eval.table()
+    # y = x + b vs x + 2b: parallel (cosine 1) where x = 0, not where x = 10
+    cos_calib = on_calib.passes[0].verification["outputs"]["y"]["cosine"]
+    cos_eval = on_eval.passes[0].verification["outputs"]["y"]["cosine"]
+    assert cos_calib == pytest.approx(1.0) and cos_eval < 0.999
