@@ -247,6 +247,7 @@ def run_pipeline(
             metrics=dict(result.metrics), seconds=round(elapsed, 3), before=before,
         )
         if result.modified and verifier is not None:
+            log(f"{instance.name}: verifying against the original with ONNX Runtime")
             check = verifier.check(candidate, lossless=lossless)
             entry.verification = check.to_dict()
             if check.status == "invalid" or (lossless and check.status == "failed"):
