@@ -17,8 +17,17 @@ packed:  q = Cast<INT32>(packed);  hi = Div(q, 16);  lo = Sub(q, Mul(hi, 16))
 uint8:   idx = Cast<INT32>(labels)
 per tensor:   W = Gather(codebook, Reshape(idx, shape(W)))
   with row scales:  W = Mul(Gather(codebook, Reshape(idx, shape(W))), scales)   # [C,1,…] or [1,n]
-per channel:  W = Reshape(Gather(codebook, Reshape(idx, [C, N/C]) + k·[0..C−1]ᵀ), shape(W))
+per channel:  W = Reshape(Gather(codebook, Reshape(idx, [P, C, Q]) + k·[0..C−1] as [1, C, 1]), shape(W))
+              (C along the output-channel axis a; P, Q the products of the dims before / after it)
 ```
+
+Dense (``encode=dense``, for a following ``int8``): the decoded weight is stored as a plain
+float initializer, so a quantizer sees a constant. With ``grid`` the decoded values are snapped
+to the symmetric int8 grid int8 uses (:func:`snap_to_int8_grid`, per tensor or per output
+channel): ``s = max|W'| / 127``, ``W'' = round(W' / s) · s`` (float32, as DequantizeLinear
+computes it, and ``s`` nudged by ulps until ``max|W''| / 127`` gives ``s`` back). Each centroid
+lands on one grid point, so ``W''`` has at most ``k`` distinct values (per row) and int8's
+quantization of ``W''`` is exact: ``int8`` after ``cluster`` adds no further error.
 
 Why nibbles in a uint8 rather than an ONNX ``UINT4`` tensor: ``UINT4`` needs IR 10 /
 opset 21 for ``Cast`` (models here are opset 11–15) and has no numpy dtype for
@@ -26,6 +35,8 @@ onnx-graphsurgeon to export; the packed bytes are the same size and decode at an
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -47,8 +58,61 @@ def unpack_labels(stored: np.ndarray, packed: bool) -> np.ndarray:
     return np.concatenate([q % 16, q // 16]) if packed else q
 
 
-def decode_subgraph(model, graph, weight: gs.Constant, codebook: np.ndarray, stored: np.ndarray,
-                    packed: bool, per_channel: bool, scales: np.ndarray | None = None) -> gs.Variable:
+@dataclass(eq=False)
+class Clustered:
+    """A clustered weight: ``codebook[labels]`` (per tensor, optionally ``· scales``) or, per
+    channel, ``codebook[c, labels[…, c, …]]`` along ``axis``."""
+
+    codebook: np.ndarray
+    labels: np.ndarray
+    scales: np.ndarray | None
+    per_channel: bool
+    axis: int = 0
+    dense: np.ndarray | None = None  # the values as stored by encode=dense (snapped to a grid)
+
+    @property
+    def k(self) -> int:
+        return self.codebook.shape[-1]
+
+    def stored_bytes(self) -> int:
+        stored, _ = pack_labels(self.labels, self.k)
+        return self.codebook.nbytes + stored.nbytes + (0 if self.scales is None else self.scales.nbytes)
+
+    def decoded(self) -> np.ndarray:
+        """Numpy mirror of the decoding subgraph (or the dense values)."""
+        if self.dense is not None:
+            return self.dense
+        if not self.per_channel:
+            values = self.codebook[self.labels]
+            return values if self.scales is None else (values * self.scales).astype(self.codebook.dtype)
+        labels = np.moveaxis(self.labels, self.axis, 0)
+        rows = np.take_along_axis(self.codebook, labels.reshape(len(labels), -1), axis=1)
+        return np.moveaxis(rows.reshape(labels.shape), 0, self.axis)
+
+
+def snap_to_int8_grid(values: np.ndarray, axis: int | None) -> np.ndarray:
+    """``values`` on the symmetric int8 grid ``s · [−127, 127]`` (per tensor, or per slice along
+    ``axis``), with ``s`` exactly what ``max|result| / 127`` gives back in float32."""
+    if axis is not None and values.ndim >= 2:
+        moved = np.moveaxis(values, axis, 0)
+        rows = np.stack([snap_to_int8_grid(row, None) for row in moved])
+        return np.moveaxis(rows, 0, axis)
+    v = np.asarray(values, np.float32)
+    amax = np.float32(np.abs(v).max()) if v.size else np.float32(0)
+    if amax == 0:
+        return v.copy()
+    scale = np.float32(amax / np.float32(127.0))
+    for _ in range(8):  # the round trip scale → 127·scale → /127 may be off by an ulp
+        snapped = np.clip(np.round(v / scale), -127, 127).astype(np.float32) * scale
+        back = np.float32(np.abs(snapped).max() / np.float32(127.0))
+        if back == scale:
+            break
+        scale = back
+    return snapped.astype(values.dtype)
+
+
+def decode_subgraph(model, graph, weight: gs.Constant, clustered: Clustered, stored: np.ndarray,
+                    packed: bool) -> gs.Variable:
     """Add the decoding nodes to ``graph``; returns the tensor that equals the clustered weight."""
     def const(tag, values):
         return gs.Constant(model.fresh_name(f"cluster/{tag}"), np.ascontiguousarray(values))
@@ -58,6 +122,7 @@ def decode_subgraph(model, graph, weight: gs.Constant, codebook: np.ndarray, sto
         graph.nodes.append(gs.Node(op, model.fresh_name(f"cluster/{op}"), dict(attrs or {}), list(inputs), [out]))
         return out
 
+    codebook, scales = clustered.codebook, clustered.scales
     shape = tuple(weight.values.shape)
     total = int(np.prod(shape))
     idx = node("Cast", [const("labels", stored)], {"to": onnx.TensorProto.INT32}, shape=(stored.size,))
@@ -67,16 +132,17 @@ def decode_subgraph(model, graph, weight: gs.Constant, codebook: np.ndarray, sto
         lo = node("Sub", [idx, node("Mul", [hi, sixteen], shape=(stored.size,))], shape=(stored.size,))
         idx = node("Concat", [lo, hi], {"axis": 0}, shape=(total,))
     books = const("codebook", codebook.ravel())
-    if not per_channel:
+    if not clustered.per_channel:
         idx = node("Reshape", [idx, const("shape", np.array(shape, np.int64))], shape=shape)
         values = node("Gather", [books, idx], {"axis": 0}, dtype=codebook.dtype, shape=shape)
         if scales is None:
             return values
         return node("Mul", [values, const("scales", scales)], dtype=codebook.dtype, shape=shape)
     channels, width = codebook.shape
-    rows = (channels, total // channels)
+    axis = clustered.axis % len(shape)
+    rows = (int(np.prod(shape[:axis])), channels, int(np.prod(shape[axis + 1:])))
     idx = node("Reshape", [idx, const("rows", np.array(rows, np.int64))], shape=rows)
-    offsets = const("offsets", (np.arange(channels, dtype=np.int32) * width)[:, None])
+    offsets = const("offsets", (np.arange(channels, dtype=np.int32) * width)[None, :, None])
     idx = node("Add", [idx, offsets], shape=rows)
     flat = node("Gather", [books, idx], {"axis": 0}, dtype=codebook.dtype, shape=rows)
     return node("Reshape", [flat, const("shape", np.array(shape, np.int64))], dtype=codebook.dtype, shape=shape)

@@ -84,7 +84,7 @@ def _lloyd(ordered: np.ndarray, weights: np.ndarray, centroids: np.ndarray, max_
         edges = new_edges
         counts = mass[edges[1:]] - mass[edges[:-1]]
         sums = prefix[edges[1:]] - prefix[edges[:-1]]
-        filled = np.diff(edges) > 0
+        filled = counts > 0  # empty (or zero-weight) cells keep their centroid
         centroids = centroids.copy()
         centroids[filled] = sums[filled] / counts[filled]
         centroids = np.sort(centroids)
@@ -92,18 +92,26 @@ def _lloyd(ordered: np.ndarray, weights: np.ndarray, centroids: np.ndarray, max_
 
 
 def cluster_weight(weight: np.ndarray, k: int, per_channel: bool, keep_zero: bool = True, seed: int = 0,
-                   channel_scale: bool = False):
+                   channel_scale: bool = False, axis: int = 0):
     """``(codebook, labels, scales)`` for a whole weight (``scales``: None unless used, else
-    shaped ``[C, 1, …]`` to broadcast against the weight).
+    shaped to broadcast against the weight: ``C`` along ``axis``, 1 elsewhere).
+
+    ``axis`` is the output-channel axis of the weight (0 for Conv and Gemm ``transB=1``, the
+    last one for a MatMul / Gemm ``transB=0`` right-hand weight); a "row" below is one slice
+    ``W[…, c, …]`` along it.
 
     * per tensor: ``codebook`` ``(k',)``, ``labels`` of the weight's shape, ``W' = codebook[labels]``;
-    * per channel (axis 0): ``codebook`` ``(C, k')`` (short channel codebooks padded with their
-      last centroid), ``W'[c] = codebook[c, labels[c]]``;
-    * channel scales (per tensor codebook, one scale per row of axis 0): rows are normalised by
+    * per channel: ``codebook`` ``(C, k')`` (short channel codebooks padded with their last
+      centroid), ``W'[c] = codebook[c, labels[c]]``;
+    * channel scales (per tensor codebook, one scale per row): rows are normalised by
       their RMS ``s_c``, the normalised values clustered with weights ``s_c²`` (so the objective
       is still the squared error of ``W``), ``W'[c] = s_c · codebook[labels[c]]``. Skipped when
       the weight has at most ``k`` distinct values (the exact codebook needs no scales).
     """
+    if weight.ndim >= 2 and axis % weight.ndim != 0:
+        codebook, labels, scales = cluster_weight(np.moveaxis(weight, axis, 0), k, per_channel, keep_zero, seed,
+                                                  channel_scale)
+        return codebook, np.moveaxis(labels, 0, axis), None if scales is None else np.moveaxis(scales, 0, axis)
     if not per_channel:
         rows = weight.reshape(weight.shape[0], -1) if weight.ndim >= 2 else None
         if channel_scale and rows is not None and np.unique(weight).size > k:

@@ -8,11 +8,12 @@ W (float, N values) ──▶ Conv          codebook (k floats), labels (uint8 o
 ```
 
 ``W' = codebook[labels]`` where ``codebook, labels = kmeans(W, k)`` (:mod:`._cluster_kmeans`),
-per tensor or per row of ``W`` (``per_channel``: axis 0, the output channel of Conv and of
-Gemm with ``transB=1``; for MatMul/Gemm ``transB=0`` it is an input row). Default per tensor
+per tensor or per output channel of ``W`` (``per_channel``; the channel axis is the output one:
+0 for Conv, Gemm ``transB=1`` and a left-hand MatMul weight, the last axis for a right-hand
+MatMul / Gemm ``transB=0`` weight, 1 for ConvTranspose — :func:`channel_axis`). Default per tensor
 with ``channel_scale``: ``W'[c] = s_c · codebook[labels[c]]``, ``s_c`` the RMS of row ``c`` — one
 extra float per row, and necessary after BatchNorm folding, where output channels differ in
-scale by orders of magnitude (measured on the orientation model after ``fuse``: output cosine
+scale by orders of magnitude; rows are output channels as above (measured on the orientation model after ``fuse``: output cosine
 0.35 without scales, 0.99995 with them). Encoding and the
 decoding subgraph: :mod:`._cluster_encode` — ORT folds the decoder at session creation with
 optimisations on, so the model runs on plain float weights (same latency as unclustered).
@@ -26,6 +27,20 @@ unobserved directions in check, and on held-out inputs it still beat nearest ass
 (measured after ``fuse``, 16 calibration / 16 evaluation inputs of the benchmark suite, worst
 output cosine: ppocrv4_det 0.953 → 0.969, mtcnn_onet 0.950 → 0.992). Generated random data
 does not switch it on — its statistics are not real ones.
+
+Codebook size per layer (``target``, default 0.99; 0: off): with ``target`` the pass checks the
+model's output cosine (vs the model before the pass) on calibration samples — the last 8 held
+out of the statistics when there are at least 16 — and gives the layers that hurt the output
+most, per byte, ``k_high`` centroids (256, uint8 indices), or leaves them float if even that
+misses (:mod:`._cluster_select`). The chosen ``k`` per layer is in the notes. PP-OCRv4 det after
+``fuse``: k = 16 everywhere 0.969 held-out cosine → see benchmarks/results/svd_cluster-*.md.
+
+Encoding (``encode``): ``packed`` (default) stores codebook + indices as above; ``dense``
+stores the decoded weight as a plain float initializer — for ``cluster,int8``: int8 then sees
+constant weights and the file shrinks through int8 (1 byte per weight), and with
+``grid=tensor|channel`` the values are snapped to int8's own symmetric grid so that int8
+reproduces them exactly (:func:`._cluster_encode.snap_to_int8_grid`). With ``encode=packed``
+a following ``int8`` sees a Gather, not a constant, and leaves those weights float.
 
 Conditions (each failure is a counted reason, never an error):
 
@@ -43,27 +58,66 @@ and zlib-compressed (what a download or a compressed container costs).
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from ._cluster_encode import decode_subgraph, pack_labels
+from ._cluster_encode import Clustered, decode_subgraph, pack_labels, snap_to_int8_grid
 from ._cluster_gptq import cluster_layer
 from ._cluster_kmeans import cluster_weight
+from ._cluster_select import FLOAT, choose
 from ._graph import const_value, exclusive_constant, is_onnx_op
 from ._svd_stats import collect, match
 
 # op -> input positions that may hold a weight
 WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1)}
 FLOAT_KINDS = (np.float16, np.float32, np.float64)
+TARGET_SAMPLES = 8
+MAX_NOTE_LAYERS = 40
 
 
 def model_bytes(model) -> tuple:
     """(raw, zlib-compressed) size of the serialized model."""
     blob = model.to_proto().SerializeToString()
     return len(blob), len(zlib.compress(blob, 6))
+
+
+def channel_axis(node, index: int, ndim: int) -> int:
+    """The output-channel axis of the weight at input ``index`` of ``node``."""
+    if node.op == "ConvTranspose":
+        return 1
+    if node.op == "Gemm":
+        transposed = node.attrs.get("transA" if index == 0 else "transB", 0)
+        return (1 if transposed else 0) if index == 0 else (0 if transposed else 1)
+    if node.op == "MatMul":
+        return ndim - 1 if index == 1 else max(ndim - 2, 0)
+    return 0
+
+
+@dataclass(eq=False)
+class Item:
+    """One weight to cluster and its clusterings, one per codebook size."""
+
+    graph: object
+    node: object
+    index: int
+    values: np.ndarray
+    axis: int
+    levels: dict = field(default_factory=dict)
+
+    @property
+    def weight(self):
+        return self.node.inputs[self.index]
+
+    @property
+    def name(self) -> str:
+        return self.weight.name
+
+    def label(self) -> str:
+        return self.node.name or self.node.op
 
 
 @register_pass
@@ -73,88 +127,172 @@ class ClusterPass(Pass):
     lossless = False
     options = {
         "k": Option(int, 16, "centroids per tensor (or per channel), 2..256"),
-        "per_channel": Option(bool, False, "one codebook per row of the weight (axis 0) instead of per tensor"),
+        "per_channel": Option(bool, False, "one codebook per output channel instead of per tensor"),
         "min_size": Option(int, 1024, "leave weights with fewer elements unclustered"),
         "keep_zero": Option(bool, True, "keep 0.0 as an exact centroid when the weight has zeros"),
-        "channel_scale": Option(bool, True, "per tensor: one RMS scale per row (axis 0), shared codebook"),
+        "channel_scale": Option(bool, True, "per tensor: one RMS scale per output channel, shared codebook"),
         "data": Option(str, "auto", "GPTQ assignment with calibration statistics", ("auto", "true", "false")),
+        "target": Option(float, 0.99, "output cosine to hold on calibration data by giving sensitive "
+                                      "layers k_high centroids or float (0: off)"),
+        "k_high": Option(int, 256, "centroids of the layers that need more (uint8 indices)"),
+        "encode": Option(str, "packed", "packed: codebook + indices; dense: decoded float weights "
+                                        "(for a following int8)", ("packed", "dense")),
+        "grid": Option(str, "none", "encode=dense: snap to int8's symmetric grid", ("none", "tensor", "channel")),
     }
 
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
         opts = ctx.options
-        k = opts["k"]
-        if not 2 <= k <= 256:
-            result.skip(f"k={k} outside 2..256")
+        k, k_high = opts["k"], max(opts["k_high"], opts["k"])
+        if not 2 <= k <= 256 or k_high > 256:
+            result.skip(f"k={k}, k_high={k_high} outside 2..256")
             return result
         raw_before, zip_before = model_bytes(model)
-        candidates = [(g, n, i) for g in model.all_graphs() for n in g.nodes
-                      if is_onnx_op(n, *WEIGHT_INPUTS)
-                      for i in WEIGHT_INPUTS[n.op] if i < len(n.inputs)]
-        eligible = [(g, n, i) for g, n, i in candidates if not self._check(n, i, opts)]
+        items = self._items(model, opts, result)
+        if not items:
+            return result
         data_aware = not opts["per_channel"] and (
             opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True)))
-        layers, stats = self._statistics(model, ctx, eligible) if data_aware else ({}, {})
-        clustered = params = gptq = 0
-        for graph, node, index in ctx.progress(candidates, desc="cluster", total=len(candidates)):
-            reason = self._check(node, index, opts)
-            if reason:
-                if reason != "not a constant":  # activations are not weights: nothing to report
-                    result.skip(reason)
+        samples = list(ctx.feed) if data_aware else []
+        check = ctx.feed.take(TARGET_SAMPLES) if opts["target"] else []
+        held_out = bool(opts["target"]) and len(samples) >= 2 * TARGET_SAMPLES
+        if held_out:  # the target is checked on samples the GPTQ statistics did not see
+            samples, check = samples[:-TARGET_SAMPLES], samples[-TARGET_SAMPLES:]
+        layers, stats = self._statistics(model, samples, items) if data_aware else ({}, {})
+        sizes = [k, k_high] if opts["target"] and k_high > k else [k]
+        gptq = 0
+        for item in ctx.progress(items, desc="cluster", total=len(items)):
+            for size in sizes:
+                item.levels[size], used = self._cluster(item, size, opts, layers, stats)
+            gptq += used
+        chosen, measured = [k] * len(items), None
+        if opts["target"]:
+            chosen, measured, trials = self._choose(model, items, check, opts, k, k_high)
+        encoded = params = 0
+        for item, level in zip(items, chosen):
+            if level is FLOAT:
+                result.skip("kept float to hold the output target")
                 continue
-            weight = node.inputs[index]
-            values = const_value(weight)
-            per_channel = opts["per_channel"] and values.ndim >= 2
-            layer = layers.get(id(node)) if index == 1 else None
-            entry = stats.get(id(node))
-            if layer is not None and entry.gram_rows > 0 and np.unique(values).size > k:
-                codebook, labels, scales = cluster_layer(layer, entry.normalized_gram, k, opts["keep_zero"],
-                                                         opts["channel_scale"])
-                gptq += 1
-            else:
-                codebook, labels, scales = cluster_weight(values, k, per_channel, opts["keep_zero"],
-                                                          channel_scale=opts["channel_scale"])
-            stored, packed = pack_labels(labels, codebook.shape[-1])
-            if codebook.nbytes + stored.nbytes + (0 if scales is None else scales.nbytes) >= values.nbytes:
-                result.skip("encoding not smaller than the float weight")
-                continue
-            node.inputs[index] = decode_subgraph(model, graph, weight, codebook, stored, packed, per_channel, scales)
-            result.rewrite(f"{node.op} weight → codebook + {'4-bit' if packed else 'uint8'} indices")
-            clustered += 1
-            params += values.size
+            if self._encode(model, item, item.levels[level], opts, result):
+                encoded += 1
+                params += item.values.size
         if not result.modified:
             return result
         for graph in model.all_graphs():
             graph.cleanup(remove_unused_graph_inputs=False)
         raw_after, zip_after = model_bytes(model)
         result.metrics.update({
-            "weights_clustered": clustered, "params_clustered": params,
+            "weights_clustered": encoded, "params_clustered": params,
             "bytes_before": raw_before, "bytes_after": raw_after,
             "zlib_bytes_before": zip_before, "zlib_bytes_after": zip_after,
             "size_ratio": round(raw_after / raw_before, 4),
             "zlib_size_ratio": round(zip_after / zip_before, 4),
+            "weights_assigned_by_gptq": gptq,
         })
-        result.metrics["weights_assigned_by_gptq"] = gptq
+        for size in sorted(set(sizes)):
+            result.metrics[f"weights_k{size}"] = sum(level == size for level in chosen)
+        result.metrics["weights_float_for_target"] = sum(level is FLOAT for level in chosen)
+        mode = ('per channel' if opts['per_channel'] else 'per tensor') + (
+            ' + row scales' if opts['channel_scale'] and not opts['per_channel'] else '')
         result.notes.append(
-            f"k={k} {'per channel' if opts['per_channel'] else 'per tensor'}"
-            f"{' + row scales' if opts['channel_scale'] and not opts['per_channel'] else ''}; "
-            f"{'data-aware: ' + str(gptq) + ' weights assigned by GPTQ' if data_aware else 'nearest-centroid assignment'}"
-            f": file {raw_before} → {raw_after} "
-            f"bytes ({raw_after / raw_before:.3f}×), zlib {zip_before} → {zip_after} ({zip_after / zip_before:.3f}×)"
-        )
+            f"k={k} {mode}; "
+            f"{'data-aware: ' + str(gptq) + ' clusterings assigned by GPTQ' if data_aware else 'nearest-centroid assignment'}"
+            f"; encode={opts['encode']}: file {raw_before} → {raw_after} "
+            f"bytes ({raw_after / raw_before:.3f}×), zlib {zip_before} → {zip_after} ({zip_after / zip_before:.3f}×)")
+        if measured is not None:
+            result.metrics["target_cosine_measured"] = round(measured, 6)
+            counts = ", ".join(f"{result.metrics.get(f'weights_k{s}', 0)} at k={s}" for s in sorted(set(sizes)))
+            result.notes.append(
+                f"target output cosine ≥ {opts['target']}: measured {measured:.5f} on {len(check)} calibration "
+                f"samples{' (held out)' if held_out else ''} "
+                f"({trials.evaluations} trials); {counts}, {result.metrics['weights_float_for_target']} float")
+            lines = [f"{it.label()} {it.values.shape}: {'float' if lv is FLOAT else f'k={lv}'}"
+                     for it, lv in zip(items, chosen)]
+            result.notes.extend(lines[:MAX_NOTE_LAYERS])
+            if len(lines) > MAX_NOTE_LAYERS:
+                result.notes.append(f"… {len(lines) - MAX_NOTE_LAYERS} more layers")
         return result
 
+    def _items(self, model, opts, result) -> list:
+        items = []
+        for graph in model.all_graphs():
+            for node in graph.nodes:
+                if not is_onnx_op(node, *WEIGHT_INPUTS):
+                    continue
+                for index in WEIGHT_INPUTS[node.op]:
+                    if index >= len(node.inputs):
+                        continue
+                    reason = self._check(node, index, opts)
+                    if reason:
+                        if reason != "not a constant":  # activations are not weights: nothing to report
+                            result.skip(reason)
+                        continue
+                    values = const_value(node.inputs[index])
+                    items.append(Item(graph, node, index, values, channel_axis(node, index, values.ndim)))
+        return items
+
     @staticmethod
-    def _statistics(model, ctx, eligible) -> tuple:
+    def _cluster(item: Item, k: int, opts, layers, stats) -> tuple:
+        """``(Clustered, 1 if GPTQ assigned it else 0)``."""
+        values = item.values
+        per_channel = opts["per_channel"] and values.ndim >= 2
+        layer = layers.get(id(item.node)) if item.index == 1 else None
+        entry = stats.get(id(item.node))
+        used = 0
+        if layer is not None and entry.gram_rows > 0 and np.unique(values).size > k:
+            codebook, labels, scales = cluster_layer(layer, entry.normalized_gram, k, opts["keep_zero"],
+                                                     opts["channel_scale"])
+            used = 1
+        else:
+            codebook, labels, scales = cluster_weight(values, k, per_channel, opts["keep_zero"],
+                                                      channel_scale=opts["channel_scale"], axis=item.axis)
+        clustered = Clustered(codebook, labels, scales, per_channel, item.axis)
+        if opts["encode"] == "dense":
+            dense = clustered.decoded()
+            if opts["grid"] != "none":
+                dense = snap_to_int8_grid(dense, item.axis if opts["grid"] == "channel" else None)
+            clustered.dense = dense
+        return clustered, used
+
+    @staticmethod
+    def _choose(model, items, check, opts, k, k_high) -> tuple:
+        """Levels per item holding the target (items outside the main graph keep ``k``)."""
+        main = [i for i, it in enumerate(items) if it.graph is model.graph]
+        chosen = [k] * len(items)
+        if not main or not check:
+            return chosen, None, None
+        levels, measured, trials = choose(model.to_proto(), [items[i] for i in main], check, opts["target"],
+                                          k, k_high)
+        for i, level in zip(main, levels):
+            chosen[i] = level
+        return chosen, measured, trials
+
+    @staticmethod
+    def _encode(model, item: Item, clustered: Clustered, opts, result) -> bool:
+        node, index = item.node, item.index
+        if clustered.dense is not None:
+            node.inputs[index] = gs.Constant(model.fresh_name("cluster/dense"), np.ascontiguousarray(clustered.dense))
+            result.rewrite(f"{node.op} weight → clustered float (k={clustered.k}, dense)")
+            return True
+        stored, packed = pack_labels(clustered.labels, clustered.k)
+        if clustered.stored_bytes() >= item.values.nbytes:
+            result.skip("encoding not smaller than the float weight")
+            return False
+        node.inputs[index] = decode_subgraph(model, item.graph, item.weight, clustered, stored, packed)
+        result.rewrite(f"{node.op} weight → codebook + {'4-bit' if packed else 'uint8'} indices")
+        return True
+
+    @staticmethod
+    def _statistics(model, samples, items) -> tuple:
         """Layers (``Y = X W`` with W at input 1) and their input Gram matrices."""
         layers = {}
-        for graph, node, index in eligible:
-            found = match(node, graph, model.graph) if index == 1 else None
+        for item in items:
+            found = match(item.node, item.graph, model.graph) if item.index == 1 else None
             if found is not None and not isinstance(found, str):
-                layers[id(node)] = found
-        if not layers:
+                layers[id(item.node)] = found
+        if not layers or not samples:
             return {}, {}
-        stats = collect(model.to_proto(), list(layers.values()), list(ctx.feed), want_gram=True)
+        stats = collect(model.to_proto(), list(layers.values()), samples, want_gram=True)
         return layers, stats
 
     @staticmethod

@@ -6,11 +6,12 @@ import onnxruntime as ort
 import pytest
 from conftest import run_ort
 from onnx import TensorProto, helper, numpy_helper
-
-from onnxslim_kit.calibration import CalibrationFeed, input_specs
 from onnxslim_kit.passes._cluster_encode import pack_labels, unpack_labels
 from onnxslim_kit.passes._cluster_kmeans import kmeans_1d
-from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
+
+from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.metrics import compare
+from onnxslim_kit.pipeline import available_passes, parse_pass_list, run_pipeline
 
 LLOYD_MAX_16_GAUSSIAN_MSE = 0.009497  # optimal 16-level quantiser of N(0, 1) (Max, 1960)
 
@@ -76,24 +77,26 @@ def test_kmeans_finds_separated_clusters_and_is_deterministic(rng):
 def test_zero_stays_an_exact_centroid(channel_scale, rng):
     weight = rng.standard_normal((64, 64)).astype(np.float32)
     weight[np.abs(weight) < 0.6] = 0.0  # a pruned weight, ~45 % zeros
-    out, entry = run_cluster(identity_matmul(weight), f"cluster(k=8,channel_scale={str(channel_scale).lower()})")
+    out, _entry = run_cluster(identity_matmul(weight),
+                             f"cluster(k=8,target=0,channel_scale={str(channel_scale).lower()})")
     clustered = decoded(out, 64)
     assert np.array_equal(clustered == 0, weight == 0)
-    levels = [len(np.unique(row)) for row in clustered]
+    levels = [len(np.unique(column)) for column in clustered.T]  # output channels of MatMul: columns
     assert max(levels) <= 8 and (channel_scale or len(np.unique(clustered)) == 8)
     sign_kept = np.sign(clustered[weight != 0]) == np.sign(weight[weight != 0])
     assert sign_kept.mean() > 0.99
 
 
 def test_channel_scales_protect_small_rows(rng):
-    """Rows whose scales differ by 1000× (BN folded into a conv): a shared codebook without
-    scales spends all centroids on the large rows and flattens the small ones to ~0."""
-    weight = (rng.standard_normal((64, 128)) * np.logspace(-3, 0, 64)[:, None]).astype(np.float32)
+    """Output channels whose scales differ by 1000× (BN folded into a conv): a shared codebook
+    without scales spends all centroids on the large channels and flattens the small ones to ~0.
+    A MatMul's output channels are the columns of its weight."""
+    weight = (rng.standard_normal((128, 64)) * np.logspace(-3, 0, 64)[None, :]).astype(np.float32)
     errors = {}
     for flag in ("false", "true"):
-        out, _ = run_cluster(identity_matmul(weight), f"cluster(k=16,channel_scale={flag})")
-        clustered = decoded(out, 64)
-        row_err = np.linalg.norm(clustered - weight, axis=1) / np.linalg.norm(weight, axis=1)
+        out, _ = run_cluster(identity_matmul(weight), f"cluster(k=16,target=0,channel_scale={flag})")
+        clustered = decoded(out, 128)
+        row_err = np.linalg.norm(clustered - weight, axis=0) / np.linalg.norm(weight, axis=0)
         errors[flag] = np.median(row_err)
     assert errors["true"] < 0.15  # ≈ √(Lloyd–Max MSE) ≈ 0.1 for every row
     assert errors["false"] > 0.5
@@ -132,7 +135,7 @@ def test_skip_reasons_are_counted(rng):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [shared, small],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    out, entry = run_cluster(model, "cluster(k=16)")
+    _, entry = run_cluster(model, "cluster(k=16)")
     assert not entry.rewrites
     assert entry.skipped == {"shared weight": 2, "smaller than min_size": 1}
 
@@ -185,9 +188,97 @@ def test_calibration_data_switches_to_gptq(rng):
     calib = [{"x": rng.standard_normal((32, 64)).astype(np.float32) @ mixing} for _ in range(8)]
     cosines = {}
     for data in ("false", "true"):
-        _, report = run_pipeline(model, parse_pass_list(f"cluster(k=8,data={data})"),
+        _, report = run_pipeline(model, parse_pass_list(f"cluster(k=8,target=0,data={data})"),
                                  CalibrationFeed(input_specs(model), calib), verify_samples=8)
         entry = report.passes[0]
         assert entry.metrics["weights_assigned_by_gptq"] == (1 if data == "true" else 0)
         cosines[data] = entry.verification["outputs"]["y"]["cosine"]
     assert 1 - cosines["true"] < 0.8 * (1 - cosines["false"])
+
+
+def gemm_or_matmul(op: str, weight: np.ndarray) -> onnx.ModelProto:
+    """``y = x · W`` by MatMul, Gemm(transB=0) or Gemm(transB=1) (``weight`` stored transposed)."""
+    stored = weight.T if op == "gemm-transB" else weight
+    attrs = {"transB": 1} if op == "gemm-transB" else {}
+    node = helper.make_node("MatMul" if op == "matmul" else "Gemm", ["x", "w"], ["y"], **attrs)
+    k, n = weight.shape
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [k, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [k, n])],
+        [numpy_helper.from_array(stored.astype(np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("op", ["matmul", "gemm", "gemm-transB"])
+def test_per_channel_codebooks_follow_the_output_channel(op, rng):
+    """Every output channel (column of ``x · W``) has its own 4 values, 32 in all: per channel
+    with k = 4 is exact only if the codebooks run along the output channel."""
+    weight = np.stack([rng.choice(rng.standard_normal(4) * 10.0 ** rng.uniform(-2, 1), 96) for _ in range(8)], axis=1)
+    out, entry = run_cluster(gemm_or_matmul(op, weight), "cluster(k=4,per_channel=true,target=0,min_size=64)")
+    assert sum(entry.rewrites.values()) == 1
+    assert np.array_equal(decoded(out, 96), weight.astype(np.float32))
+
+
+def test_target_gives_the_sensitive_layer_more_centroids(rng):
+    """Two layers at k = 4: ``w1`` has 4 distinct values (exact at k = 4), ``w2`` is Gaussian
+    (cosine ≈ 0.95 at k = 4). With target 0.999 only ``w2`` moves to k_high = 64."""
+    w1 = rng.choice(rng.standard_normal(4), (64, 64)).astype(np.float32)
+    w2 = rng.standard_normal((64, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 64])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    _, free = run_cluster(model, "cluster(k=4,target=0,channel_scale=false)")
+    assert free.verification["outputs"]["y"]["cosine"] < 0.99
+    out, held = run_cluster(model, "cluster(k=4,k_high=64,target=0.999,channel_scale=false)")
+    assert held.metrics["weights_k4"] == 1 and held.metrics["weights_k64"] == 1
+    assert held.metrics["target_cosine_measured"] >= 0.999
+    assert held.verification["outputs"]["y"]["cosine"] >= 0.999  # verified on a subset of the target's samples
+    assert any(note.startswith("MatMul (64, 64): k=64") for note in held.notes)
+    stored = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert sorted(v.size for v in stored.values() if v.dtype == np.uint8) == [2048, 4096]  # 4-bit w1, uint8 w2
+    assert held.metrics["bytes_after"] < 0.5 * held.metrics["bytes_before"]
+
+
+@pytest.mark.parametrize("grid,per_channel", [("tensor", False), ("channel", True)])
+def test_dense_codebook_on_the_int8_grid_quantizes_exactly(grid, per_channel, rng):
+    """``cluster(encode=dense, grid=…)`` then int8's own weight quantizer: zero added error."""
+    from onnxslim_kit.passes._quant_qdq import quantize_weight, weight_scales
+
+    weight = rng.standard_normal((64, 48)).astype(np.float32) * np.logspace(-2, 0, 48, dtype=np.float32)
+    out, entry = run_cluster(identity_matmul(weight), f"cluster(k=16,target=0,encode=dense,grid={grid},"
+                                                      f"channel_scale=false,per_channel={str(per_channel).lower()})")
+    assert entry.rewrites == {"MatMul weight → clustered float (k=16, dense)": 1}
+    dense = numpy_helper.to_array(out.graph.initializer[0])
+    assert [n.op_type for n in out.graph.node] == ["MatMul"]
+    axis = 1 if per_channel else None
+    groups = dense.T if per_channel else dense.reshape(1, -1)
+    assert max(len(np.unique(g)) for g in groups) <= 16
+    scales = weight_scales(dense, axis)
+    q = quantize_weight(dense, scales, axis).astype(np.float32)
+    dequantized = q * (scales[None, :] if per_channel else scales)
+    assert np.array_equal(dequantized, dense)
+    assert compare(dense, weight).cosine > 0.99
+
+
+def test_dense_then_int8_quantizes_the_clustered_weight(rng):
+    """The int8 pass sees the dense clustered weight as a constant and stores it on the same
+    grid: its dequantized weight is the clustered one, bit for bit (SmoothQuant off: it would
+    rescale the weight's rows first)."""
+    weight = rng.standard_normal((64, 48)).astype(np.float32)
+    model = identity_matmul(weight)
+    cluster = "cluster(k=16,target=0,encode=dense,grid=tensor,channel_scale=false)"
+    clustered, _ = run_cluster(model, cluster)
+    int8 = "int8(per_channel=false,smooth=0,target=none"
+    int8 += ",speed_check=false)" if "speed_check" in available_passes()["int8"].options else ")"
+    out, report = run_pipeline(model, parse_pass_list(f"{cluster},{int8}"),
+                               CalibrationFeed(input_specs(model)))
+    assert report.passes[1].modified
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    (dq,) = [n for n in out.graph.node if n.op_type == "DequantizeLinear" and inits.get(n.input[0]) is not None
+             and inits[n.input[0]].dtype == np.int8]
+    ints, scale = inits[dq.input[0]], inits[dq.input[1]]
+    assert len(np.unique(ints)) <= 16
+    assert np.array_equal(ints.astype(np.float32) * scale, numpy_helper.to_array(clustered.graph.initializer[0]))
