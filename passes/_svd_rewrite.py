@@ -5,6 +5,8 @@ MatMul(X, W)                      →  MatMul(MatMul(X, A), B)
 Gemm(X, W[ᵀ], C, α, β)            →  Gemm(MatMul(X, A), α·B, C, α=1, β, transB=0)
 Conv(X, W[n,C,kh,kw], bias)       →  Conv(Conv(X, A', same attributes), B', bias)
                                      A' = Aᵀ as [r, C, kh, kw],  B' = Bᵀ as [n, r, 1, 1]
+  (mode "separable")              →  Conv(Conv(X, V[r,C,kh,1], vertical attrs), H[n,r,1,kw], bias, horizontal attrs)
+                                     (:mod:`._svd_spatial`)
 ```
 
 The original node keeps its name and output (so graph outputs and readers are untouched); a
@@ -17,15 +19,22 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ._graph import new_constant
+from ._svd_spatial import separable_attrs, separable_weights
 
 
-def apply(model, layer, a: np.ndarray, b: np.ndarray):
+def apply(model, layer, a: np.ndarray, b: np.ndarray, mode: str = "kxk"):
     """Rewrite ``layer`` with factors ``A`` (k × r), ``B`` (r × n); returns ``undo()``."""
     node = layer.node
     saved_inputs, saved_attrs = list(node.inputs), dict(node.attrs)
     dtype = node.inputs[1].values.dtype
     r = a.shape[1]
-    if layer.kind == "conv":
+    if mode == "separable":
+        vertical, horizontal = separable_weights(a, b, node.inputs[1].values.shape)
+        first_attrs, second_attrs = separable_attrs(layer.geometry)
+        first = _insert(model, layer, "Conv", vertical.astype(dtype), first_attrs)
+        node.inputs[1] = new_constant(model, "svd/H", horizontal.astype(dtype))
+        node.attrs = second_attrs
+    elif layer.kind == "conv":
         shape = node.inputs[1].values.shape  # n, C, kh, kw
         first = _insert(model, layer, "Conv", a.T.reshape(r, *shape[1:]).astype(dtype), dict(node.attrs))
         node.inputs[1] = new_constant(model, "svd/B", b.T.reshape(shape[0], r, 1, 1).astype(dtype))

@@ -40,7 +40,7 @@ def reference_outputs(model, samples: list) -> list:
 def select(model, plans: list, samples: list, target: float) -> tuple:
     """Apply the longest damage-ordered prefix of ``plans`` holding ``target``.
 
-    ``plans``: objects with ``layer``, ``a``, ``b``, ``damage`` (sort key). Returns
+    ``plans``: objects with ``layer``, ``a``, ``b``, ``mode``, ``damage`` (sort key). Returns
     ``(kept plans, measured cosine)``; the kept rewrites are left applied to ``model``.
     """
     reference = reference_outputs(model, samples)
@@ -51,7 +51,7 @@ def select(model, plans: list, samples: list, target: float) -> tuple:
         while len(undos) > n:
             undos.pop()()
         for plan in ordered[len(undos):n]:
-            undos.append(apply(model, plan.layer, plan.a, plan.b))
+            undos.append(apply(model, plan.layer, plan.a, plan.b, plan.mode))
 
     set_prefix(len(ordered))
     measured = output_cosine(model, samples, reference)

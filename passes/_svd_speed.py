@@ -49,7 +49,18 @@ def _model(nodes, x_shape, weights) -> onnx.ModelProto:
 def _pair(kind: str, x_shape: tuple, w_shape: tuple, r: int, attrs: tuple) -> tuple:
     rng = np.random.default_rng(0)
     rand = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
-    if kind == "conv":
+    if kind == "separable":  # attrs: (vertical, horizontal) attribute items
+        n, c, kh, kw = w_shape
+        first, second = ({k: list(v) for k, v in part} for part in attrs)
+        before_attrs = {"kernel_shape": [kh, kw], "strides": [first["strides"][0], second["strides"][1]],
+                        "dilations": [first["dilations"][0], second["dilations"][1]],
+                        "pads": [first["pads"][0], second["pads"][1], first["pads"][2], second["pads"][3]]}
+        before = _model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **before_attrs)], x_shape,
+                        {"w": rand(*w_shape), "b": rand(n)})
+        after = _model([helper.make_node("Conv", ["x", "a"], ["m"], **first),
+                        helper.make_node("Conv", ["m", "bw", "b"], ["y"], **second)], x_shape,
+                       {"a": rand(r, c, kh, 1), "bw": rand(n, r, 1, kw), "b": rand(n)})
+    elif kind == "conv":
         n, c = w_shape[:2]
         ones = (1,) * (len(w_shape) - 2)
         before = _model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **dict(attrs))], x_shape,
@@ -86,9 +97,11 @@ def measured_ratio(kind: str, x_shape: tuple, w_shape: tuple, r: int, attrs: tup
 
 
 def decide(kind: str, x_shape: tuple, w_shape: tuple, rows: int, k: int, n: int, r: int,
-           attrs: tuple = (), measure: bool = True) -> tuple:
-    """``(faster?, how we know)`` for factorising this layer at rank ``r``."""
-    if flops(rows, k, n, r) >= MAX_RATIO * flops(rows, k, n):
+           attrs: tuple = (), measure: bool = True, after: int | None = None) -> tuple:
+    """``(faster?, how we know)`` for factorising this layer at rank ``r`` (``after``: the
+    factorised FLOPs when they are not ``flops(rows, k, n, r)``, e.g. a separable Conv;
+    ``kind``: matmul, conv or separable)."""
+    if (flops(rows, k, n, r) if after is None else after) >= MAX_RATIO * flops(rows, k, n):
         return False, f"saves < {1 - MAX_RATIO:.0%} of the FLOPs"
     if not measure or rows * k * n >= MEASURE_BELOW_MACS:
         return True, "FLOPs"

@@ -4,6 +4,9 @@ A layer ``Y = X W`` (``W``: ``k × n``; a Conv's ``k`` is ``C·kh·kw`` over im2
 ``Y = (X A) B`` with ``A``: ``k × r``, ``B``: ``r × n`` — two MatMuls, or for a Conv a Conv with
 ``r`` filters and the original attributes followed by a 1×1 Conv (:mod:`._svd_rewrite`) — the
 simplest exact spatial decomposition of a k×k Conv; a 1×1 Conv is the special case kh = kw = 1.
+A k×k Conv may instead become a kh×1 Conv with ``r`` filters then a 1×kw Conv
+(:mod:`._svd_spatial`; ``spatial=separable``, or ``auto``: whichever needs fewer FLOPs at the
+rank its rule asks for; ``kxk``: never).
 ``A, B`` come from
 :mod:`._svd_math` (plain SVD, or whitened by the input Gram matrix from :mod:`._svd_stats`).
 
@@ -45,6 +48,12 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 from ._svd_math import Factorization, breakeven_rank
 from ._svd_rewrite import apply
 from ._svd_select import select
+from ._svd_spatial import (
+    separable_attrs,
+    separable_breakeven,
+    separable_factorization,
+    separable_flops,
+)
 from ._svd_speed import decide, flops
 from ._svd_stats import Layer, collect, match
 
@@ -62,6 +71,9 @@ class Plan:
     rows: int
     damage: float  # (1 − kept energy) per FLOP saved
     note: str
+    flops_after: int = 0
+    params_after: int = 0
+    mode: str = "kxk"  # or "separable" (k×1 then 1×k)
 
 
 @register_pass
@@ -79,6 +91,8 @@ class SvdPass(Pass):
         "force": Option(bool, False, "factorise even when it does not pay off (tests, experiments)"),
         "measure": Option(bool, True, "time small layers in ORT and skip those that get slower"),
         "ops": Option(str, "matmul+gemm+conv", "which layers to factorise, joined by '+'"),
+        "spatial": Option(str, "auto", "k×k Conv: kxk (r k×k filters + 1×1), separable (k×1 + 1×k) or the "
+                                       "cheaper of the two", ("auto", "kxk", "separable")),
     }
 
     def is_lossless(self, options: dict) -> bool:
@@ -113,7 +127,8 @@ class SvdPass(Pass):
                 plans.append(plan)
         kept, measured = self._choose(model, check, plans, opts)
         for plan in kept:
-            result.rewrite(f"{plan.layer.kind} → 2 × {'conv' if plan.layer.kind == 'conv' else 'matmul'}")
+            kind = "conv (k×1, 1×k)" if plan.mode == "separable" else plan.layer.kind
+            result.rewrite(f"{kind} → 2 × {'conv' if plan.layer.kind == 'conv' else 'matmul'}")
         result.skip("dropped to hold the output target", len(plans) - len(kept))
         where = "held-out calibration samples" if held_out else "calibration samples"
         self._report(result, layers, stats, kept, opts, data_aware, len(samples), (measured, where), lines)
@@ -123,19 +138,19 @@ class SvdPass(Pass):
         """The plans to apply (applied on return) and the measured output cosine (or None)."""
         if opts["force"] or not opts["target"] or not plans:
             for plan in plans:
-                apply(model, plan.layer, plan.a, plan.b)
+                apply(model, plan.layer, plan.a, plan.b, plan.mode)
             return plans, None
         return select(model, plans, check, opts["target"])
 
     def _report(self, result, layers, stats, kept, opts, data_aware, n_samples, measured, lines) -> None:
-        ranks = {id(p.layer): p.r for p in kept}
+        applied = {id(p.layer): p for p in kept}
         totals = {"flops_before": 0, "flops_after": 0, "params_before": 0, "params_after": 0}
         for layer in layers:
-            rows, r = stats[layer.key].rows_per_sample, ranks.get(id(layer), 0)
-            totals["flops_before"] += flops(rows, layer.k, layer.n)
-            totals["flops_after"] += flops(rows, layer.k, layer.n, r) if r else flops(rows, layer.k, layer.n)
+            plan, before = applied.get(id(layer)), flops(stats[layer.key].rows_per_sample, layer.k, layer.n)
+            totals["flops_before"] += before
+            totals["flops_after"] += plan.flops_after if plan else before
             totals["params_before"] += layer.k * layer.n
-            totals["params_after"] += r * (layer.k + layer.n) if r else layer.k * layer.n
+            totals["params_after"] += plan.params_after if plan else layer.k * layer.n
         result.metrics.update(totals)
         if totals["flops_before"]:
             result.metrics["flops_removed"] = round(1 - totals["flops_after"] / totals["flops_before"], 4)
@@ -177,20 +192,48 @@ class SvdPass(Pass):
         cos = float(heldout[r - 1]) if heldout is not None else math.sqrt(fact.kept_energy(r))
         breakeven = breakeven_rank(layer.k, layer.n)
         rows = entry.rows_per_sample
+        w_shape = layer.node.inputs[1].values.shape if layer.kind == "conv" else (layer.k, layer.n)
+        cand = {"mode": "kxk", "r": r, "cos": cos, "breakeven": breakeven, "fact": fact,
+                "flops": flops(rows, layer.k, layer.n, r), "params": r * (layer.k + layer.n)}
+        separable = SvdPass._separable(layer, entry, opts, w_shape)
+        if separable is not None and (opts["spatial"] == "separable" or (
+                separable["r"] <= separable["breakeven"] and
+                (r > breakeven or separable["flops"] < cand["flops"]))):
+            cand = separable
+        r, cos, breakeven = cand["r"], cand["cos"], cand["breakeven"]
+        if cand["mode"] == "separable":
+            name += " separable"
         if not opts["force"]:
             if r > breakeven:
                 result.skip("rank needed does not pay off")
                 return None, f"{name}: r={r} > break-even {breakeven}, kept"
-            w_shape = layer.node.inputs[1].values.shape if layer.kind == "conv" else (layer.k, layer.n)
             attrs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in layer.node.attrs.items()))
-            faster, how = decide("conv" if layer.kind == "conv" else "matmul", entry.shape, w_shape,
-                                 rows, layer.k, layer.n, r, attrs, opts["measure"])
+            kind = "matmul" if layer.kind != "conv" else ("separable" if cand["mode"] == "separable" else "conv")
+            if kind == "separable":
+                attrs = tuple(tuple((k, tuple(v)) for k, v in part.items()) for part in separable_attrs(layer.geometry))
+            faster, how = decide(kind, entry.shape, w_shape, rows, layer.k, layer.n, r, attrs, opts["measure"],
+                                 after=cand["flops"])
             if not faster:
                 result.skip("factorised layer would be slower")
                 return None, f"{name}: r={r} would be slower ({how}), kept"
-        a, b = fact.factors(r)
-        saved = max(flops(rows, layer.k, layer.n) - flops(rows, layer.k, layer.n, r), 1)
+        a, b = cand["fact"].factors(r)
+        saved = max(flops(rows, layer.k, layer.n) - cand["flops"], 1)
+        fact = cand["fact"]
         shrunk = f", shrinkage {fact.shrinkage:.2f}" if fact.shrinkage is not None else ""
-        where = "held-out" if heldout is not None else "est."
+        where = "held-out" if heldout is not None and cand["mode"] == "kxk" else "est."
         note = f"{name}: r={r} (break-even {breakeven}), {where} output cosine {cos:.5f}{shrunk}"
-        return Plan(layer, r, a, b, rows, (1 - cos**2) / saved, note), note
+        return Plan(layer, r, a, b, rows, (1 - cos**2) / saved, note, cand["flops"], cand["params"],
+                    cand["mode"]), note
+
+    @staticmethod
+    def _separable(layer: Layer, entry, opts, w_shape) -> dict | None:
+        """The k×1-then-1×k candidate of a 2-D k×k Conv (None when it does not apply)."""
+        if (layer.kind != "conv" or opts["spatial"] == "kxk" or layer.geometry is None
+                or min(layer.geometry.kernel) < 2 or len(entry.shape) != 4):
+            return None
+        n, c, kh, kw = w_shape
+        fact = separable_factorization(layer.node.inputs[1].values)
+        r, _rule = fact.choose_rank(opts["rank"], opts["ratio"], opts["energy"], opts["cosine"])
+        return {"mode": "separable", "r": r, "cos": math.sqrt(fact.kept_energy(r)), "fact": fact,
+                "breakeven": separable_breakeven(n, c, kh, kw), "params": r * (c * kh + n * kw),
+                "flops": separable_flops(entry.shape, entry.rows_per_sample, layer.geometry, n, c, r)}

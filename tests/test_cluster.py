@@ -102,11 +102,11 @@ def test_channel_scales_protect_small_rows(rng):
     assert errors["false"] > 0.5
 
 
-@pytest.mark.parametrize("size", [10, 11, 4096])
+@pytest.mark.parametrize("size", [10, 11, 512, 1024, 4096])
 def test_pack_roundtrip(size, rng):
     labels = rng.integers(0, 16, size)
     stored, packed = pack_labels(labels, 16)
-    assert packed == (size % 2 == 0)
+    assert packed == (size % 2 == 0 and size >= 1024)  # small weights: the unpacking nodes cost more
     assert stored.nbytes == (size // 2 if packed else size)
     assert np.array_equal(unpack_labels(stored, packed), labels)
 

@@ -3,14 +3,14 @@
 import numpy as np
 import onnx
 import pytest
-from conftest import parse, run_ort
+from conftest import run_ort
 from onnx import TensorProto, helper, numpy_helper
-
-from onnxslim_kit.calibration import CalibrationFeed, input_specs
-from onnxslim_kit.metrics import compare, cosine
 from onnxslim_kit.passes._svd_math import Factorization, breakeven_rank, shrinkage
 from onnxslim_kit.passes._svd_speed import decide, measured_ratio
 from onnxslim_kit.passes._svd_stats import ConvGeometry, conv_rows
+
+from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.metrics import compare, cosine
 from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
 
 
@@ -263,3 +263,35 @@ def test_onet_output_target_is_held():
     assert sum(held.rewrites.values()) <= sum(free.rewrites.values())
     if held.rewrites:  # the verifier's samples are among the target's samples
         assert min(o["cosine"] for o in held.verification["outputs"].values()) >= 0.99
+
+
+@pytest.mark.parametrize("name", ["conv3x3-dilated", "conv-same-upper"])
+def test_separable_full_rank_reproduces_outputs(name, rng):
+    model = variants(rng)[name]
+    calib = CalibrationFeed(input_specs(model), None, num_samples=4, seed=3).take(4)
+    out, entry = run_svd(model, "svd(force=true,rank=-1,spatial=separable)", calib)
+    assert entry.rewrites == {"conv (k×1, 1×k) → 2 × conv": 1} and entry.verification["status"] == "ok"
+    kernels = [tuple(numpy_helper.to_array(t).shape[2:]) for t in out.graph.initializer if t.dims and len(t.dims) == 4]
+    assert sorted(kernels) == sorted([(variants(rng)[name].graph.initializer[0].dims[2], 1),
+                                      (1, variants(rng)[name].graph.initializer[0].dims[3])])
+    onnx.checker.check_model(out, full_check=True)
+    for sample in calib:
+        assert compare(run_ort(model, sample)[0], run_ort(out, sample)[0]).max_rel <= 1e-5
+
+
+def test_auto_finds_a_separable_kernel(rng):
+    """``W[o,c,y,x] = Σ_{j<2} U[(c,y),j] V[j,(o,x)]``: rank 2 as k×1·1×k, rank 2·k as k×k·1×1."""
+    n, c, k, size = 32, 16, 5, 24
+    w = (rng.standard_normal((c * k, 2)) @ rng.standard_normal((2, n * k))).reshape(c, k, n, k).transpose(2, 0, 1, 3)
+    model = model_with([helper.make_node("Conv", ["x", "w"], ["y"], pads=[2, 2, 2, 2])], [("x", [1, c, size, size])],
+                       {"w": w})
+    _, entry = run_svd(model, "svd(measure=false)")
+    assert entry.rewrites == {"conv (k×1, 1×k) → 2 × conv": 1}
+    assert entry.verification["outputs"]["y"]["cosine"] >= 0.999
+    rows = size * size
+    assert entry.metrics["flops_before"] == 2 * rows * n * c * k * k
+    assert entry.metrics["flops_after"] == 2 * (rows * 2 * c * k + rows * n * 2 * k)  # W_in = W_out here
+    assert entry.metrics["params_after"] == 2 * (c * k + n * k)
+    _, kxk = run_svd(model, "svd(measure=false,spatial=kxk)")
+    assert kxk.metrics["flops_after"] == 2 * rows * 2 * k * (c * k * k + n)  # r = 2k filters of k×k, then 1×1
+    assert kxk.metrics["flops_after"] > 2 * entry.metrics["flops_after"]
