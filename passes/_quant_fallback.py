@@ -10,15 +10,27 @@ model's outputs on the evaluation samples (ORT, optimisations off):
 Search (each step builds the model with a set of int8 layers and scores it):
 
 1. all candidate layers int8 — done if the target holds;
-2. sensitivity, ``sensitivity=e2e``: each layer alone in int8, ``1 − score`` at the outputs
-   (one build and run per layer); ``sensitivity=local``: one run of the float model carrying
-   a fake-quantized twin of every layer, ``1 − cos(layer output, twin output)`` averaged over
-   the samples (how much 8 bits hurt the layer itself — cheaper, but a coarser ranking: on
-   PP-OCRv4 rec it sent 33 layers back to float where e2e sent 3);
-   e2e ranks on the first ``rank_samples`` samples only;
+2. sensitivity ``s_l`` of every layer ``l``:
+
+   * ``local``: the relative squared error ``s_l`` of each layer quantized alone, measured
+     with the bias correction (one run of the float model carrying a fake-quantized twin of
+     every layer, :mod:`._quant_correct`) — how much 8 bits hurt the layer itself, free but
+     a coarse ranking (it ignores how the error grows downstream: with 1 − cos as the local
+     error, PP-OCRv4 rec sent 33 layers back to float where e2e sent 3);
+   * ``e2e``: each layer alone in int8, ``s_l = 1 − score`` at the outputs (one build and
+     run per layer — the best ranking, ~60 sessions on a detector);
+   * ``hybrid`` (default): the local ranking, then the ``refine`` most locally sensitive
+     layers are re-scored end to end and put first in that order (``refine`` + 1 sessions);
+
 3. the most sensitive ``k`` layers go back to float for ``k = 1, 2, 4, …`` until the target
    holds, then a bisection between the last two ``k`` finds the smallest such ``k``.
    ``k = n`` is the float model itself, so the search always ends.
+
+The search only needs *pass / fail* at each ``k``, so a trial stops at the first sample
+that proves failure: the score can only fall with more samples (``cos``: a minimum), or
+for ``top1`` the agreement cannot reach the target even if all remaining rows agree::
+
+    bound = (Σ_seen agree·rows + rows_remaining) / rows_total  <  target  ⇒  fail
 """
 
 from __future__ import annotations
@@ -27,12 +39,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare, cosine
 from onnxslim_kit.runtime import make_session, run, session_options
-
-from ._quant_qdq import add_quantized_twins
 
 METRICS = ("cos", "top1")
 
@@ -94,89 +103,98 @@ class Scorer:
         self.shared = shared
         session = make_session(original, threads=1)
         self.reference = [run(session, s) for s in samples]
+        self.names = [n for n, v in self.reference[0].items() if np.asarray(v).dtype.kind == "f"]
+        self.rows = [int(np.prod(np.shape(self.reference[0][n])[:-1])) or 1 for n in self.names]
         self.builds = 0
+        self.runs = 0
 
-    def __call__(self, proto) -> float:
+    def __call__(self, proto, stop_below: float | None = None) -> float:
+        """The score of ``proto``; with ``stop_below``, a bound ``< stop_below`` as soon as
+        the samples seen prove the final score would be below it."""
         self.builds += 1
         session = self.shared.session(proto) if self.shared is not None else make_session(proto, threads=1)
-        outputs = [run(session, s) for s in self.samples]
-        scores = []
-        for name, ref0 in self.reference[0].items():
-            if np.asarray(ref0).dtype.kind != "f" or name not in outputs[0]:
-                continue
-            refs = [r[name] for r in self.reference]
-            gots = [o[name] for o in outputs]
-            scores.append(self._score(refs, gots))
-        return min(scores) if scores else 1.0
+        state = {n: [] for n in self.names}  # per output: per-sample cos, or (agree, rows)
+        for i, (sample, ref) in enumerate(zip(self.samples, self.reference)):
+            got = run(session, sample)
+            self.runs += 1
+            for name in self.names:
+                if name in got:
+                    state[name].append(self._sample_score(ref[name], got[name]))
+            bound = self._bound(state, len(self.samples) - i - 1)
+            if stop_below is not None and bound < stop_below:
+                return bound
+        return self._bound(state, 0)
 
-    def _score(self, refs: list, gots: list) -> float:
-        def cos(r, g):
-            finite = np.isfinite(r)
-            return cosine(r, g) if finite.all() else cosine(r[finite], g[finite])
-
+    def _sample_score(self, ref, got):
         if self.metric == "top1":
-            agree = [compare(r, g).top1 for r, g in zip(refs, gots)]
-            rows = [int(np.prod(np.shape(r)[:-1])) or 1 for r in refs]
-            if all(a is not None for a in agree):
-                return float(np.average(agree, weights=rows))
-        return min(cos(r, g) for r, g in zip(refs, gots))
+            agree = compare(ref, got).top1
+            if agree is not None:
+                return agree, int(np.prod(np.shape(ref)[:-1])) or 1
+        finite = np.isfinite(ref)
+        return cosine(ref, got) if finite.all() else cosine(ref[finite], got[finite])
 
-
-def local_sensitivity(model, plan, samples: list) -> dict:
-    """``{layer: mean over samples of 1 − cos(float output, fake-quantized twin output)}``.
-
-    ``model`` is a throw-away copy of the float model (twins are added to it)."""
-    pairs = add_quantized_twins(model, plan)
-    names = [n for _, a, b in pairs for n in (a, b)]
-    errors = {layer: 0.0 for layer, _, _ in pairs}
-    for acts in iter_activations(model.to_proto(), names, samples, threads=1):
-        for layer, a, b in pairs:
-            errors[layer] += (1.0 - cosine(acts[a], acts[b])) / len(samples)
-    return errors
+    def _bound(self, state: dict, remaining: int) -> float:
+        """Upper bound of the final score given the samples seen (exact when none remain)."""
+        scores = []
+        for values in state.values():
+            if not values:
+                continue
+            if isinstance(values[0], tuple):
+                seen = sum(rows for _, rows in values)
+                total = seen + remaining * values[0][1]
+                scores.append((sum(a * rows for a, rows in values) + remaining * values[0][1]) / total)
+            else:
+                scores.append(min(values))
+        return float(min(scores)) if scores else 1.0
 
 
 def choose_float_layers(names: list, build, score, target: float, progress=lambda it, **_: it, log=None,
-                        local=None, rank_score=None):
+                        local=None, rank_score=None, refine: int | None = None, exact_float: bool = True):
     """Smallest set of layers (most sensitive first) to keep float so ``score ≥ target``.
 
-    ``build(enabled: set) -> proto``; ``local()`` gives local sensitivities (None: end to end,
-    scored by ``rank_score``, default ``score``). Returns (float layer names, final score,
-    sensitivities).
+    ``build(enabled: set) -> proto``; ``score(proto, stop_below)`` (see :class:`Scorer`);
+    ``local()`` gives local sensitivities (None: end to end for every layer, scored by
+    ``rank_score``, default ``score``); with ``local`` and ``refine``, the ``refine`` most
+    locally sensitive layers are re-scored end to end and put first. ``exact_float``: the
+    build with no int8 layer is the float model (score 1, not run). Returns (float layer
+    names, final score, sensitivities).
     """
     rank_score = rank_score or score
     everything = set(names)
-    full = score(build(everything))
+    full = score(build(everything), target)
     if full >= target:
         return [], full, {}
-    if local is not None:
-        sens = local()
-    else:
-        sens = {}
-        for name in progress(names, desc="int8 sensitivity", total=len(names)):
-            sens[name] = 1.0 - rank_score(build({name}))
-    order = sorted(names, key=lambda n: -sens[n])
+    sens = local() if local is not None else {}
+    order = sorted(names, key=lambda n: -sens.get(n, 0.0))
+    todo = names if local is None else order[: refine or 0]
+    e2e = {name: 1.0 - rank_score(build({name})) for name in progress(todo, desc="int8 sensitivity",
+                                                                         total=len(todo))}
+    head = sorted(e2e, key=lambda n: -e2e[n])
+    order = head + [n for n in order if n not in e2e]
+    sens = {**sens, **e2e}
     cache = {}
 
-    def score_k(k: int) -> float:
+    def ok(k: int) -> bool:
         if k not in cache:
-            cache[k] = score(build(everything - set(order[:k]))) if k < len(order) else 1.0
-        return cache[k]
+            cache[k] = score(build(everything - set(order[:k])), target) if k < len(order) or not exact_float \
+                else 1.0
+        return cache[k] >= target or k == len(order)  # all float: nothing more to try
 
     k_ok, k_bad = None, 0
     k = 1
     while k_ok is None:
         k = min(k, len(order))
-        if score_k(k) >= target:
+        if ok(k):
             k_ok = k
         else:
             k_bad = k
             k *= 2
     while k_ok - k_bad > 1:
         mid = (k_ok + k_bad) // 2
-        if score_k(mid) >= target:
+        if ok(mid):
             k_ok = mid
         else:
             k_bad = mid
     if log:
         log(f"int8: {k_ok} of {len(order)} layers kept float for the target")
-    return order[:k_ok], score_k(k_ok), sens
+    return order[:k_ok], cache.get(k_ok, 1.0), sens

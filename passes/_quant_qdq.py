@@ -157,8 +157,11 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = 13) -> onnx.ModelProto |
 
 # --- applying a plan ----------------------------------------------------------------------------
 
-def apply_plan(model, plan, enabled: set, result=None) -> int:
+def apply_plan(model, plan, enabled: set, result=None, weight_only=()) -> int:
     """Insert Q/DQ for the ``enabled`` layers of ``plan`` into ``model.graph``; returns the count.
+
+    Layers in ``weight_only`` (and not enabled) keep float activations and compute but store
+    their weight int8 behind a ``DequantizeLinear`` (same per-channel encoding; bias float).
 
     ``plan`` (see :class:`int8.Plan`) holds names only, so it applies to any copy of the model
     it was made from: ``plan.layers`` (``LayerSpec``), ``plan.params`` (tensor → (scale, zero)),
@@ -182,6 +185,17 @@ def apply_plan(model, plan, enabled: set, result=None) -> int:
             _quantize_weights(model, graph, node, spec, plan)
         if result is not None:
             result.rewrite(f"{node.op}→int8")
+    for spec in plan.layers:
+        if spec.name in weight_only and spec.name not in enabled and spec.name in nodes and spec.inputs \
+                and spec.weight_index is not None:
+            node = nodes[spec.name]
+            axis = spec.weight_axis if plan.per_channel else None
+            w = np.asarray(node.inputs[spec.weight_index].values)
+            scales = weight_scales(w, axis)
+            node.inputs[spec.weight_index] = dequantize_constant(
+                model, graph, quantize_weight(w, scales, axis), scales, axis, "w")
+            if result is not None:
+                result.rewrite(f"{node.op}→int8 weights only")
     return len(chosen)
 
 

@@ -24,10 +24,13 @@ Steps:
 5. streaming calibration over the feed (histograms, bounded memory), ranges by ``method``;
 6. safeguards mark tensors float; layers whose input must stay float stay float;
 7. with ``bias_correction``: per-channel mean output shift of every Conv/Gemm measured and
-   folded into its bias (:mod:`._quant_correct`);
+   folded into its bias, and every layer's local error measured in the same run
+   (:mod:`._quant_correct`);
 8. with ``fallback`` and a ``target``: the most sensitive layers go back to float until the
    target holds on the evaluation samples (the first ``eval_samples`` of the feed);
-9. Q/DQ written for the chosen layers.
+9. with ``speed_check``: the int8 candidate is timed against float in ORT; not faster by
+   ``speed_margin`` → the model stays float, with a note (:mod:`._quant_speed`);
+10. Q/DQ written for the chosen layers.
 
 Lossless limit: ``exclude=all`` leaves the graph unchanged; every layer falling back leaves
 it float (with ``smooth``, an exactly equivalent rebalanced float graph).
@@ -44,9 +47,10 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
 from . import _quant_smooth as smooth_mod
-from ._quant_correct import bias_shifts
-from ._quant_fallback import Scorer, SharedWeights, choose_float_layers, local_sensitivity, parse_target
+from ._quant_correct import measure_twins
+from ._quant_fallback import Scorer, SharedWeights, choose_float_layers, parse_target
 from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
+from ._quant_speed import latency_ratio
 
 
 def calib_samples(ctx):
@@ -97,10 +101,17 @@ class Int8Pass(Pass):
         "smooth": Option(float, 0.5, "SmoothQuant α: move activation outliers of MatMul/Gemm inputs into "
                          "the weights (0: off)"),
         "bias_correction": Option(bool, True, "shift Conv/Gemm biases by the mean output error of quantization"),
-        "sensitivity": Option(str, "e2e", "layer ranking for the fallback: e2e (each layer alone in int8, "
-                              "scored at the outputs) or local (one run, per-layer error; faster, coarser)",
-                              ("e2e", "local")),
-        "rank_samples": Option(int, 2, "samples used to rank layers (sensitivity=e2e)"),
+        "sensitivity": Option(str, "hybrid", "layer ranking for the fallback: local (one run, per-layer "
+                              "error), e2e (each layer alone in int8, scored at the outputs), hybrid (local, "
+                              "then the `refine` first re-ranked end to end)", ("hybrid", "e2e", "local")),
+        "refine": Option(int, 8, "sensitivity=hybrid: layers re-scored end to end"),
+        "rank_samples": Option(int, 1, "samples used to rank layers end to end (e2e, hybrid)"),
+        "fallback_weights": Option(str, "float", "weights of layers kept float: float, or int8 behind a "
+                                   "DequantizeLinear (smaller file, float compute; scored by the target "
+                                   "search)", ("float", "int8")),
+        "speed_check": Option(bool, True, "time float vs int8 in ORT (optimizations on, 1 thread) and keep "
+                              "the model float when int8 is not faster"),
+        "speed_margin": Option(float, 0.9, "speed_check: keep int8 only when its latency ≤ this × float's"),
         "include": Option(str, "", "only these layers: 'op:Conv;name:REGEX;first:OP:N;last:OP:N' (';'-separated)"),
         "exclude": Option(str, "", "keep these layers float, same syntax as include, or 'all' (e.g. last:Conv:1)"),
         "max_range": Option(float, 1e4, "keep tensors with calibrated |x| above this float (0: off)"),
@@ -132,13 +143,19 @@ class Int8Pass(Pass):
             layers = self._layers(model, opts, PassResult())  # the same layers, rewired inputs
         stats = self._calibrate(model, layers, ctx)
         plan = self._plan(model, layers, stats, opts, per_channel, result)
+        sensitivity = None
         if opts["bias_correction"] and plan.layers:
-            plan.bias_shift = bias_shifts(trial_copy(model), plan, ctx.feed.take(max(1, opts["eval_samples"])))
+            plan.bias_shift, sensitivity = measure_twins(trial_copy(model), plan, self._eval_samples(ctx))
             result.metrics["bias_corrected"] = len(plan.bias_shift)
         enabled = {spec.name for spec in plan.layers}
+        int8_weights = opts["fallback_weights"] == "int8"
         if opts["fallback"] and target is not None and enabled:
-            enabled = self._fallback(model, plan, enabled, target, ctx, result)
-        apply_plan(model, plan, enabled, result)
+            enabled, int8_weights = self._fallback(model, plan, enabled, target, ctx, result, sensitivity,
+                                                   int8_weights)
+        weight_only = self._weight_only(plan, enabled, int8_weights)
+        if opts["speed_check"] and enabled and not self._pays_off(model, plan, enabled, weight_only, ctx, result):
+            return result
+        apply_plan(model, plan, enabled, result, weight_only)
         result.metrics["layers_int8"] = len(enabled)
         result.metrics["layers_float"] = len(plan.layers) - len(enabled)
         return result
@@ -195,6 +212,7 @@ class Int8Pass(Pass):
         for acts in ctx.progress(iter_activations(model.to_proto(), names, calib_samples(ctx), threads=1),
                                  desc="int8 calibration", total=total):
             collector.update(acts)
+            acts.clear()  # frees this sample's tensors before the next run (half the peak memory)
         return collector.stats
 
     def _plan(self, model, layers, stats, opts, per_channel, result) -> Plan:
@@ -222,28 +240,68 @@ class Int8Pass(Pass):
                                    layer.weight_index, layer.weight_axis, bias_index))
         return Plan(specs, params, per_channel)
 
-    def _fallback(self, model, plan, enabled, target, ctx, result) -> set:
+    def _pays_off(self, model, plan, enabled, weight_only, ctx, result) -> bool:
+        """True when the int8 candidate runs faster than float by the margin (:mod:`._quant_speed`)."""
+        trial = trial_copy(model)
+        apply_plan(trial, plan, enabled, weight_only=weight_only)
+        trial.commit()
+        ratio, spread, rounds = latency_ratio(trial.to_proto(), model.to_proto(), ctx.feed.take(1)[0])
+        result.metrics["speed_ratio"] = round(ratio, 3)
+        result.metrics["speed_rounds"] = rounds
+        if ratio <= ctx.options["speed_margin"]:
+            return True
+        result.skip(f"int8 not faster than float here ({ratio:.2f}× its latency): kept float", len(enabled))
+        result.notes.append(f"int8 would be {ratio:.2f}× the float latency here (ORT, optimizations on, 1 thread, "
+                            f"{rounds} interleaved rounds, spread {spread[0]:.2f}–{spread[1]:.2f}): kept float; "
+                            "pass speed_check=false to force")
+        result.metrics["layers_int8"] = 0
+        result.metrics["layers_float"] = len(plan.layers)
+        return False
+
+    @staticmethod
+    def _weight_only(plan, enabled: set, int8_weights: bool) -> set:
+        """Layers whose weights are stored int8 although they compute in float."""
+        return {s.name for s in plan.layers} - enabled if int8_weights else set()
+
+    @staticmethod
+    def _eval_samples(ctx) -> list:
+        return ctx.feed.take(max(1, ctx.options["eval_samples"]))
+
+    def _fallback(self, model, plan, enabled, target, ctx, result, sensitivity, int8_weights) -> tuple:
+        """(layers left int8, whether the others keep int8 weights): the smallest fallback that
+        meets the target; with int8 weights first when asked, float weights if that fails."""
         metric, value = target
-        samples = ctx.feed.take(max(1, ctx.options["eval_samples"]))
+        samples = self._eval_samples(ctx)
         shared = SharedWeights(model.graph)
         scorer = Scorer(ctx.original, samples, metric, shared)
 
         def build(chosen: set):
             trial = trial_copy(model)
-            apply_plan(trial, plan, chosen)  # ORT sorts the nodes itself; no commit needed
-            return trial.to_proto()
+            apply_plan(trial, plan, chosen, weight_only=self._weight_only(plan, chosen, int8_weights))
+            return trial.to_proto()  # ORT sorts the nodes itself; no commit needed
 
         names = [spec.name for spec in plan.layers]
         mode = ctx.options["sensitivity"]
-        local = (lambda: local_sensitivity(trial_copy(model), plan, samples)) if mode == "local" else None
-        ranker = Scorer(ctx.original, samples[: max(1, ctx.options["rank_samples"])], metric, shared)
-        float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log,
-                                                     local, ranker)
+        rank_set = samples[: max(1, ctx.options["rank_samples"])]
+        local = None if mode == "e2e" else (  # measured with the bias correction, or now
+            lambda: sensitivity or measure_twins(trial_copy(model), plan, samples, correct=False)[1])
+        ranker = Scorer(ctx.original, rank_set, metric, shared)
+        refine = ctx.options["refine"] if mode == "hybrid" else 0
+        while True:
+            float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log,
+                                                         local, ranker, refine, not int8_weights)
+            if score >= value or not int8_weights:
+                break
+            result.notes.append(f"target {metric}:{value} not met ({score:.4f}) with the float layers' weights "
+                                "in int8: searched again with float weights")
+            int8_weights = False
         result.metrics["sensitivity"] = mode
         result.skip("kept float for the fidelity target", len(float_layers))
         result.metrics[f"target_{metric}"] = round(score, 6)
         result.metrics["fallback_builds"] = scorer.builds + ranker.builds
+        result.metrics["fallback_runs"] = scorer.runs + ranker.runs
         if float_layers:
             result.notes.append("float for the target: " + ", ".join(float_layers[:8])
                                 + (" …" if len(float_layers) > 8 else ""))
-        return enabled - set(float_layers)
+        result.metrics["fallback_weights"] = "int8" if int8_weights else "float"
+        return enabled - set(float_layers), int8_weights

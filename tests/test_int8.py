@@ -37,7 +37,9 @@ def w(*shape, scale=0.3):
 
 def quantize(model, options: str = "", samples: int = 4, passes: str | None = None):
     feed = CalibrationFeed(input_specs(model), None, num_samples=samples)
-    spec = passes or (f"int8({options})" if options else "int8")
+    if "speed_check" not in options:  # these tests check placement and numbers, not the speed gate
+        options = ",".join(filter(None, [options, "speed_check=false"]))
+    spec = passes or f"int8({options})"
     out, report = run_pipeline(model, parse_pass_list(spec), feed, verify_samples=samples)
     return out, report.passes[-1]
 
@@ -318,23 +320,83 @@ def test_include_restricts():
     assert rep.rewrites["Conv→int8"] == 1 and rep.skipped["excluded by include/exclude"] == 2
 
 
-def test_target_falls_back_sensitive_layer():
-    # the middle conv sees a tensor with one huge outlier channel: 8 bits cannot hold both
+def outlier_model():
+    """The middle conv sees a tensor with one huge outlier channel: 8 bits cannot hold both."""
     scale = np.ones((1, 8, 1, 1), np.float32)
     scale[0, 0] = 300.0
-    model = build(
+    return build(
         "c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)\nr1 = Relu (c1)\nm = Mul (r1, s)\n"
         "c2 = Conv <pads = [1, 1, 1, 1]> (m, w2, b2)\ny = Conv (c2, w3)",
         "float[1, 3, 12, 12] x",
         {"w1": w(8, 3, 3, 3), "b1": w(8), "s": scale, "w2": w(8, 8, 3, 3) * (1 / scale.reshape(1, 8, 1, 1)),
          "b2": w(8), "w3": w(4, 8, 1, 1)},
     )
+
+
+@pytest.mark.parametrize("sensitivity", ["hybrid", "e2e", "local"])
+def test_target_falls_back_sensitive_layer(sensitivity):
+    model = outlier_model()
     _, loose = quantize(model, "fallback=false")
-    out, rep = quantize(model, "target=cos:0.9995")
+    _, rep = quantize(model, f"target=cos:0.9995,sensitivity={sensitivity}")
     assert rep.metrics["target_cos"] >= 0.9995
     assert loose.verification["outputs"]["y"]["cosine"] < 0.9995
     assert 1 <= rep.metrics["layers_float"] < 3
     assert rep.verification["outputs"]["y"]["cosine"] >= 0.9995  # same samples as the target
+
+
+def test_fallback_layers_can_keep_int8_weights():
+    # a strict target: some layer must compute in float, but per-channel int8 weights alone
+    # cost far less than int8 activations
+    model = conv_chain()
+    plain, _ = quantize(model, "target=cos:0.9999")
+    small, rep = quantize(model, "target=cos:0.9999,fallback_weights=int8")
+    assert rep.metrics["fallback_weights"] == "int8"
+    assert rep.metrics["target_cos"] >= 0.9999 and rep.verification["outputs"]["y"]["cosine"] >= 0.9999
+    n_float = rep.metrics["layers_float"]
+    assert n_float >= 1 and rep.rewrites["Conv→int8 weights only"] == n_float
+    weights = {t.name: t for t in small.graph.initializer}
+    dq_of = {n.output[0]: n for n in small.graph.node if n.op_type == "DequantizeLinear"}
+    float_convs = [n for n in small.graph.node if n.op_type == "Conv" and n.input[0] not in dq_of]
+    assert len(float_convs) == n_float  # float activation in ...
+    for conv in float_convs:  # ... but an int8 weight, per output channel
+        dq = dq_of[conv.input[1]]
+        assert weights[dq.input[0]].data_type == onnx.TensorProto.INT8 and dq.attribute[0].i == 0
+    assert small.ByteSize() < plain.ByteSize()
+
+
+def test_int8_weights_that_miss_the_target_fall_back_to_float_weights():
+    # the middle conv's weights hold one input channel 300× smaller: 8 bits per output
+    # channel flatten it, so even computing in float that layer needs its float weight
+    _, rep = quantize(outlier_model(), "target=cos:0.9995,fallback_weights=int8")
+    assert rep.metrics["fallback_weights"] == "float" and "Conv→int8 weights only" not in rep.rewrites
+    assert any("searched again with float weights" in n for n in rep.notes)
+    assert rep.verification["outputs"]["y"]["cosine"] >= 0.9995
+
+
+def test_scorer_stops_at_the_first_sample_that_proves_failure():
+    from onnxslim_kit.passes._quant_fallback import Scorer
+
+    model = outlier_model()
+    int8_model, _ = quantize(model, "fallback=false")
+    samples = [{"x": RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
+    scorer = Scorer(model, samples, "cos")
+    exact = scorer(int8_model)
+    per_sample = [cosine(run_ort(model, s)[0], run_ort(int8_model, s)[0]) for s in samples]
+    assert exact == pytest.approx(min(per_sample), abs=1e-6) and scorer.runs == 4
+    bound = scorer(int8_model, stop_below=0.9995)
+    first_fail = next(i for i, c in enumerate(per_sample) if c < 0.9995)
+    assert scorer.runs == 4 + first_fail + 1  # stopped there
+    assert bound == pytest.approx(min(per_sample[: first_fail + 1]), abs=1e-6) and exact <= bound < 0.9995
+
+
+def test_top1_bound_counts_the_remaining_rows_as_agreeing():
+    from onnxslim_kit.passes._quant_fallback import Scorer
+
+    scorer = Scorer.__new__(Scorer)
+    # 1 sample seen with 10 rows, 5 agreeing; 1 sample of 10 rows to go: at best 15 / 20
+    assert scorer._bound({"y": [(0.5, 10)]}, 1) == pytest.approx(0.75)
+    assert scorer._bound({"y": [(0.5, 10), (1.0, 10)]}, 0) == pytest.approx(0.75)
+    assert scorer._bound({"y": [(1.0, 10)], "z": [0.98, 0.9]}, 3) == pytest.approx(0.9)
 
 
 def test_bad_selector_is_a_user_error():
@@ -344,3 +406,20 @@ def test_bad_selector_is_a_user_error():
         quantize(conv_chain(), "exclude=lastconv")
     with pytest.raises(UserError, match="cos:VALUE"):
         quantize(conv_chain(), "target=cosine")
+
+
+# --- speed check ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("margin, kept_float", [(0.0, True), (1e6, False)])
+def test_speed_check_keeps_float_when_int8_is_not_faster(margin, kept_float):
+    # margin 0: no measured ratio can be ≤ 0, so int8 never "pays off"; 1e6: it always does
+    model = conv_chain()
+    out, rep = quantize(model, f"target=none,speed_check=true,speed_margin={margin}")
+    assert rep.metrics["speed_ratio"] > 0 and rep.metrics["speed_rounds"] >= 3
+    if kept_float:
+        assert "QuantizeLinear" not in ops(out) and ops(out) == ops(model)
+        assert rep.metrics["layers_int8"] == 0 and rep.metrics["layers_float"] == 3
+        assert any("kept float; pass speed_check=false to force" in n for n in rep.notes)
+        assert not rep.modified  # nothing to verify: the graph is the original
+    else:
+        assert ops(out)["QuantizeLinear"] == 3 and rep.metrics["layers_int8"] == 3

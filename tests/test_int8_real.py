@@ -31,7 +31,7 @@ def quantize_real(name: str, shape: list, passes: str):
     ],
 )
 def test_fuse_int8_meets_target_and_fuses(name, shape, target, kernels, tmp_path):
-    model, out, rep = quantize_real(name, shape, f"fuse,int8(target=cos:{target},eval_samples=4)")
+    model, out, rep = quantize_real(name, shape, f"fuse,int8(target=cos:{target},eval_samples=4,speed_check=false)")
     assert rep.verification["status"] == "drift"  # loads and runs in ORT, outputs moved
     assert rep.metrics[f"target_cos"] >= target
     # the verifier ran the same 4 samples the target was scored on
@@ -44,8 +44,9 @@ def test_fuse_int8_meets_target_and_fuses(name, shape, target, kernels, tmp_path
 
 
 def test_strict_target_falls_back_on_its_own():
-    model, out, rep = quantize_real("mtcnn_onet", [1, 48, 48, 3], "fuse,int8(target=cos:0.9995,eval_samples=4)")
-    _, _, loose = quantize_real("mtcnn_onet", [1, 48, 48, 3], "fuse,int8(fallback=false)")
+    _, _, rep = quantize_real("mtcnn_onet", [1, 48, 48, 3],
+                              "fuse,int8(target=cos:0.9995,eval_samples=4,speed_check=false)")
+    _, _, loose = quantize_real("mtcnn_onet", [1, 48, 48, 3], "fuse,int8(fallback=false,speed_check=false)")
     if min(d["cosine"] for d in loose.verification["outputs"].values()) >= 0.9995:
         pytest.skip("all-int8 already meets the strict target on these samples")
     assert rep.metrics["layers_float"] >= 1
