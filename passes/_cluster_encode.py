@@ -122,33 +122,34 @@ def decode_subgraph(model, graph, weight: gs.Constant, clustered: Clustered, sto
     def const(tag, values):
         return gs.Constant(model.fresh_name(f"cluster/{tag}"), np.ascontiguousarray(values))
 
-    def node(op, inputs, attrs=None, dtype=np.int32, shape=None):
-        out = gs.Variable(model.fresh_name(f"cluster/{op.lower()}"), dtype=dtype, shape=shape)
+    def node(op, inputs, attrs=None):
+        # no dtype/shape on the decoder's tensors: their value_info would cost ~40 bytes each
+        # in the file (measured: PP-OCR cls v2 0.275× → 0.254×), and ORT folds the decoder anyway
+        out = gs.Variable(model.fresh_name(f"cluster/{op.lower()}"))
         graph.nodes.append(gs.Node(op, model.fresh_name(f"cluster/{op}"), dict(attrs or {}), list(inputs), [out]))
         return out
 
     codebook, scales = clustered.codebook, clustered.scales
     shape = tuple(weight.values.shape)
-    total = int(np.prod(shape))
-    idx = node("Cast", [const("labels", stored)], {"to": onnx.TensorProto.INT32}, shape=stored.shape)
+    idx = node("Cast", [const("labels", stored)], {"to": onnx.TensorProto.INT32})
     if packed:
         sixteen = const("sixteen", np.array(16, np.int32))
-        hi = node("Div", [idx, sixteen], shape=(stored.size,))
-        lo = node("Sub", [idx, node("Mul", [hi, sixteen], shape=(stored.size,))], shape=(stored.size,))
-        idx = node("Concat", [lo, hi], {"axis": 0}, shape=(total,))
+        hi = node("Div", [idx, sixteen])
+        lo = node("Sub", [idx, node("Mul", [hi, sixteen])])
+        idx = node("Concat", [lo, hi], {"axis": 0})
     books = const("codebook", codebook.ravel())
     if not clustered.per_channel:
         if packed:
-            idx = node("Reshape", [idx, const("shape", np.array(shape, np.int64))], shape=shape)
-        values = node("Gather", [books, idx], {"axis": 0}, dtype=codebook.dtype, shape=shape)
+            idx = node("Reshape", [idx, const("shape", np.array(shape, np.int64))])
+        values = node("Gather", [books, idx], {"axis": 0})
         if scales is None:
             return values
-        return node("Mul", [values, const("scales", scales)], dtype=codebook.dtype, shape=shape)
+        return node("Mul", [values, const("scales", scales)])
     channels, width = codebook.shape
     axis = clustered.axis % len(shape)
     rows = (int(np.prod(shape[:axis])), channels, int(np.prod(shape[axis + 1:])))
-    idx = node("Reshape", [idx, const("rows", np.array(rows, np.int64))], shape=rows)
+    idx = node("Reshape", [idx, const("rows", np.array(rows, np.int64))])
     offsets = const("offsets", (np.arange(channels, dtype=np.int32) * width)[None, :, None])
-    idx = node("Add", [idx, offsets], shape=rows)
-    flat = node("Gather", [books, idx], {"axis": 0}, dtype=codebook.dtype, shape=rows)
-    return node("Reshape", [flat, const("shape", np.array(shape, np.int64))], dtype=codebook.dtype, shape=shape)
+    idx = node("Add", [idx, offsets])
+    flat = node("Gather", [books, idx], {"axis": 0})
+    return node("Reshape", [flat, const("shape", np.array(shape, np.int64))])

@@ -129,3 +129,28 @@ class Factorization:
         if self.lower is not None:
             a = solve_triangular(self.lower, a, trans="T", lower=True)
         return a, root[:, None] * self.vt[:r]
+
+
+class HeadsFactorization:
+    """Plain SVD of each head of a batched weight ``[heads, k, n]`` with one common rank (the
+    largest any head's rule asks for); the kept energy is the worst head's. Same interface as
+    :class:`Factorization` (``factors`` returns ``[heads, k, r]`` and ``[heads, r, n]``)."""
+
+    shrinkage = None
+
+    def __init__(self, weights: np.ndarray):
+        self.heads = [Factorization(w) for w in np.asarray(weights, np.float64)]
+        self.k, self.n = self.heads[0].k, self.heads[0].n
+        self.full_rank = self.heads[0].full_rank
+
+    def kept_energy(self, r: int) -> float:
+        return min(f.kept_energy(r) for f in self.heads)
+
+    def choose_rank(self, rank: int = 0, ratio: float = 0.0, energy: float = 0.0, cosine: float = 0.0,
+                    heldout=None) -> tuple:
+        chosen = [f.choose_rank(rank, ratio, energy, cosine) for f in self.heads]
+        return max(r for r, _ in chosen), chosen[0][1] + " (largest over heads)"
+
+    def factors(self, r: int) -> tuple:
+        pairs = [f.factors(r) for f in self.heads]
+        return np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs])

@@ -35,9 +35,10 @@ class Layer:
 
     node: gs.Node
     graph: gs.Graph
-    kind: str  # matmul | gemm | conv
-    matrix: np.ndarray  # W as k × n
+    kind: str  # matmul | gemm | conv | batched (MatMul weight [heads, k, n])
+    matrix: np.ndarray  # W as k × n (batched: the first head; the pass factorises every head)
     geometry: object = None  # ConvGeometry, filled in by collect()
+    heads: int = 1
 
     @property
     def key(self) -> int:
@@ -73,8 +74,10 @@ def match(node: gs.Node, graph: gs.Graph, main: gs.Graph) -> Layer | str | None:
     if graph is not main:
         return "inside a subgraph"
     if node.op == "MatMul":
+        if values.ndim == 3:
+            return Layer(node, graph, "batched", values[0], heads=values.shape[0])
         if values.ndim != 2:
-            return "batched (non-2-D) weight"
+            return "weight is not 2-D or 3-D"
         return Layer(node, graph, "matmul", values)
     if node.op == "Gemm":
         if node.attrs.get("transA", 0):
@@ -203,6 +206,9 @@ def collect(proto, layers: list, samples, want_gram: bool, seed: int = 0) -> dic
                 rows, total = conv_rows(x, layer.geometry, rng)
             else:
                 rows, total = matmul_rows(x, layer.k, rng)
+                if layer.kind == "batched":  # x broadcast against [heads, k, n]: every head's rows
+                    batch = int(np.prod(x.shape[:-2], dtype=np.int64))
+                    total = total // max(batch, 1) * int(np.prod(np.broadcast_shapes(x.shape[:-2], (layer.heads,))))
             entry.shape = tuple(x.shape)
             entry.add(rows, total, want_gram)
     return by_layer

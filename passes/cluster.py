@@ -288,7 +288,7 @@ class ClusterPass(Pass):
         layers = {}
         for item in items:
             found = match(item.node, item.graph, model.graph) if item.index == 1 else None
-            if found is not None and not isinstance(found, str):
+            if found is not None and not isinstance(found, str) and found.kind != "batched":
                 layers[id(item.node)] = found
         if not layers or not samples:
             return {}, {}

@@ -12,8 +12,10 @@ rank its rule asks for; ``kxk``: never).
 
 Conditions (each failure is a counted reason):
 
-1. the weight is a float constant read by this node alone; MatMul has it on the right and
-   2-D (batched 3-D weights are left alone); Gemm has ``transA = 0``; Conv is 2-D, ``group = 1``;
+1. the weight is a float constant read by this node alone; MatMul has it on the right, 2-D,
+   or 3-D ``[heads, k, n]`` (batched: every head factorised, plain SVD, one common rank — the
+   largest any head needs — so ``A``: ``[heads, k, r]``, ``B``: ``[heads, r, n]`` keep MatMul's
+   broadcasting); Gemm has ``transA = 0``; Conv is 2-D, ``group = 1``;
 2. the node is in the main graph (subgraph activations cannot be observed);
 3. unless ``force``: the chosen rank pays off, ``r (k + n) < k n``, and the factorised layer is
    faster (:mod:`._svd_speed`: measured in ORT for small shapes, FLOPs for large ones).
@@ -45,7 +47,7 @@ import numpy as np
 
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from ._svd_math import Factorization, breakeven_rank
+from ._svd_math import Factorization, HeadsFactorization, breakeven_rank
 from ._svd_rewrite import apply
 from ._svd_select import select
 from ._svd_spatial import (
@@ -108,7 +110,7 @@ class SvdPass(Pass):
                 found = match(node, graph, model.graph)
                 if isinstance(found, str):
                     result.skip(found)
-                elif found is not None and found.kind in kinds:
+                elif found is not None and ("matmul" if found.kind == "batched" else found.kind) in kinds:
                     layers.append(found)
         if not layers:
             return result
@@ -149,8 +151,8 @@ class SvdPass(Pass):
             plan, before = applied.get(id(layer)), flops(stats[layer.key].rows_per_sample, layer.k, layer.n)
             totals["flops_before"] += before
             totals["flops_after"] += plan.flops_after if plan else before
-            totals["params_before"] += layer.k * layer.n
-            totals["params_after"] += plan.params_after if plan else layer.k * layer.n
+            totals["params_before"] += layer.k * layer.n * layer.heads
+            totals["params_after"] += plan.params_after if plan else layer.k * layer.n * layer.heads
         result.metrics.update(totals)
         if totals["flops_before"]:
             result.metrics["flops_removed"] = round(1 - totals["flops_after"] / totals["flops_before"], 4)
@@ -178,11 +180,15 @@ class SvdPass(Pass):
     def _plan(layer: Layer, entry, opts, data_aware: bool, result) -> tuple:
         """``(Plan or None, one-line note)`` for ``layer``."""
         name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
-        whiten = data_aware and entry.gram_rows >= MIN_ROWS_PER_INPUT * layer.k
+        whiten = data_aware and entry.gram_rows >= MIN_ROWS_PER_INPUT * layer.k and layer.kind != "batched"
         if data_aware and not whiten:
             name += f" (plain: {entry.gram_rows} rows < {MIN_ROWS_PER_INPUT}·k)"
-        fact = Factorization(layer.matrix, entry.normalized_gram if whiten else None,
-                             entry.gram_rows, entry.fourth)
+        if layer.kind == "batched":
+            name = f"{layer.node.name or layer.node.op} {layer.heads}×{layer.k}×{layer.n} (per head, plain)"
+            fact = HeadsFactorization(layer.node.inputs[1].values)
+        else:
+            fact = Factorization(layer.matrix, entry.normalized_gram if whiten else None,
+                                 entry.gram_rows, entry.fourth)
         heldout = None
         if whiten and entry.half(1)[0] is not None:
             fit_gram, fit_rows, fit_fourth = entry.half(0)
@@ -194,7 +200,7 @@ class SvdPass(Pass):
         rows = entry.rows_per_sample
         w_shape = layer.node.inputs[1].values.shape if layer.kind == "conv" else (layer.k, layer.n)
         cand = {"mode": "kxk", "r": r, "cos": cos, "breakeven": breakeven, "fact": fact,
-                "flops": flops(rows, layer.k, layer.n, r), "params": r * (layer.k + layer.n)}
+                "flops": flops(rows, layer.k, layer.n, r), "params": r * (layer.k + layer.n) * layer.heads}
         separable = SvdPass._separable(layer, entry, opts, w_shape)
         if separable is not None and (opts["spatial"] == "separable" or (
                 separable["r"] <= separable["breakeven"] and

@@ -217,12 +217,12 @@ def test_skip_reasons_are_counted(rng):
         helper.make_node("Gemm", ["m3", "g"], ["m4"], transA=1),
         helper.make_node("MatMul", ["m4", "bw"], ["y"]),
     ], [("x", [1, 4, 4, 4])], {"dw": w((4, 1, 3, 3)), "s": w((16, 8)), "s2": w((8, 8)), "g": w((1, 8)),
-                              "bw": w((2, 8, 8))})
+                              "bw": w((2, 1, 8, 8))})
     _, entry = run_svd(model, "svd(measure=false)")
     assert entry.skipped["grouped conv"] == 1
     assert entry.skipped["shared weight"] == 2
     assert entry.skipped["Gemm with transA"] == 1
-    assert entry.skipped["batched (non-2-D) weight"] == 1
+    assert entry.skipped["weight is not 2-D or 3-D"] == 1
 
 
 def test_speed_decision():
@@ -295,3 +295,28 @@ def test_auto_finds_a_separable_kernel(rng):
     _, kxk = run_svd(model, "svd(measure=false,spatial=kxk)")
     assert kxk.metrics["flops_after"] == 2 * rows * 2 * k * (c * k * k + n)  # r = 2k filters of k×k, then 1×1
     assert kxk.metrics["flops_after"] > 2 * entry.metrics["flops_after"]
+
+
+def test_batched_weight_is_factorised_per_head(rng):
+    """``[heads, k, n]`` weight, head ``i`` of rank ``i + 1``: common rank 3 (the largest)."""
+    heads, k, n, rows = 3, 48, 40, 16
+    w = np.stack([rng.standard_normal((k, i + 1)) @ rng.standard_normal((i + 1, n)) for i in range(heads)])
+    model = model_with([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [2, heads, rows, k])], {"w": w})
+    out, entry = run_svd(model, "svd(measure=false)")
+    assert entry.rewrites == {"batched → 2 × matmul": 1}
+    shapes = sorted(numpy_helper.to_array(t).shape for t in out.graph.initializer)
+    assert shapes == [(heads, 3, n), (heads, k, 3)]
+    assert entry.metrics["flops_before"] == 2 * 2 * heads * rows * k * n
+    assert entry.metrics["flops_after"] == 2 * 2 * heads * rows * 3 * (k + n)
+    assert entry.metrics["params_after"] == heads * 3 * (k + n)
+    assert entry.verification["outputs"]["y"]["max_rel"] < 1e-4
+
+
+def test_batched_full_rank_is_lossless(rng):
+    model = model_with([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [5, 12])],
+                       {"w": rng.standard_normal((4, 12, 7))})
+    calib = CalibrationFeed(input_specs(model), None, num_samples=2).take(2)
+    out, entry = run_svd(model, "svd(force=true,rank=-1)", calib)
+    assert entry.lossless and entry.verification["status"] == "ok" and sum(entry.rewrites.values()) == 1
+    for sample in calib:
+        assert compare(run_ort(model, sample)[0], run_ort(out, sample)[0]).max_rel <= 1e-5
