@@ -19,7 +19,8 @@ Steps:
    left → nothing changes (not even the opset);
 3. opset < 13: upgraded to 13 (per-channel ``DequantizeLinear`` needs ``axis``); when the
    converter fails, per-tensor weights on opset ≥ 10, nothing below;
-4. with ``smooth``: per-channel peaks of MatMul/Gemm inputs, SmoothQuant rebalancing
+4. with ``cle``: cross-layer equalization of (Conv → Relu →) Conv pairs (:mod:`._quant_cle`);
+   with ``smooth``: per-channel peaks of MatMul/Gemm inputs, SmoothQuant rebalancing
    (:mod:`._quant_smooth`);
 5. streaming calibration over the feed (histograms, bounded memory), ranges by ``method``;
 6. safeguards mark tensors float; layers whose input must stay float stay float;
@@ -47,6 +48,7 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
 from . import _quant_smooth as smooth_mod
+from ._quant_cle import equalize
 from ._quant_correct import measure_twins
 from ._quant_fallback import Scorer, SharedWeights, choose_float_layers, parse_target
 from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
@@ -98,6 +100,7 @@ class Int8Pass(Pass):
         "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off)"),
         "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
         "eval_samples": Option(int, 8, "samples used to score the target and measure the bias correction"),
+        "cle": Option(bool, False, "cross-layer equalization of (Conv → Relu →) Conv pairs before calibration"),
         "smooth": Option(float, 0.5, "SmoothQuant α: move activation outliers of MatMul/Gemm inputs into "
                          "the weights (0: off)"),
         "bias_correction": Option(bool, True, "shift Conv/Gemm biases by the mean output error of quantization"),
@@ -138,6 +141,8 @@ class Int8Pass(Pass):
         per_channel = self._prepare_opset(model, opts["per_channel"], result)
         if per_channel is None:
             return result
+        if opts["cle"]:
+            result.metrics["cle_pairs"] = equalize(model.graph, result)
         layers = self._layers(model, opts, result)
         if opts["smooth"] > 0 and self._smooth(model, layers, ctx, result):
             layers = self._layers(model, opts, PassResult())  # the same layers, rewired inputs
