@@ -7,13 +7,16 @@ survives (``keep[name]``, a boolean mask). In this order:
    slopes, per-channel Add/Mul/… constants, depthwise weights and bias — and ``group`` becomes
    the new channel count); a Resize ``sizes`` entry is rewritten, and a flattening Reshape
    with a fixed feature count gets the target ``[0, …, 0, -1]`` (leading dims copied);
-2. sources lose output channels: ``W ← W[keep]`` on the output axis (Conv axis 0, Gemm axis 0
-   with ``transB`` else 1, MatMul axis 1), bias/C likewise;
+2. sources lose output channels: ``W ← W[keep]`` on the output axis (Conv axis 0,
+   ConvTranspose axis 1, Gemm axis 0 with ``transB`` else 1, MatMul axis 1), bias/C likewise;
 3. consumers lose input channels (for a flattened layout channel c is the rows
    ``o·C·inner + c·inner + i``). Removed inputs that carry a known constant ``v`` (strip) add
    their contribution to the consumer's bias first, so the output is unchanged::
 
        Conv:   b'[o] = b[o] + Σ_{k removed} v_k · Σ_{kh,kw} W[o, k, kh, kw]
+       ConvTranspose: the same with W[k, o, kh, kw] / (sh·sw) — exact only for v = 0 (strip
+               passes only zeros there); for a removed channel's mean it is the average over
+               output pixels away from the borders
        Gemm:   C'    = C + (α/β) · v_removed · W_eff[removed, :]      (W_eff = Bᵀ if transB)
        MatMul: y' = x' W' + v_removed · W[removed, :]   (a following constant Add takes it,
                otherwise a new Add node)
@@ -118,8 +121,12 @@ def _fold_constant(model, c, values: np.ndarray) -> None:
     node = c.node
     w_dtype = const_value(node.inputs[1]).dtype
     w = const_value(node.inputs[1]).astype(np.float64)
-    if c.kind == "conv":
-        contrib = np.einsum("k,oks->o", values, w.reshape(w.shape[0], w.shape[1], -1))
+    if c.kind in ("conv", "convT"):
+        taps = w.reshape(w.shape[0], w.shape[1], -1)
+        if c.kind == "convT":  # [C_in, C_out, k…]: per output pixel, prod(k)/prod(strides) taps on average
+            strides = attr(node, "strides", None) or [1] * (w.ndim - 2)
+            taps = np.moveaxis(taps, 1, 0) / float(np.prod(strides))
+        contrib = np.einsum("k,oks->o", values, taps)
         bias = const_value(node.inputs[2]).astype(np.float64) if _has_bias(node) else 0.0
         set_input(model, node, 2, (bias + contrib).astype(w_dtype))
         return

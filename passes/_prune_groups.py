@@ -1,7 +1,7 @@
 """Dependency groups for structured pruning: which channels must be removed together.
 
-Every output channel of a *source* (Conv with ``group=1``, Gemm, or MatMul with a constant
-2-D weight) is an **atom**. Walking the graph in topological order, each tensor that carries
+Every output channel of a *source* (Conv or ConvTranspose with ``group=1``, Gemm, or MatMul
+with a constant 2-D weight) is an **atom**. Walking the graph in topological order, each tensor that carries
 channels gets a *layout*: the atom of each of its channel positions, the channel axis, and
 whether it was flattened. Ops either keep the layout, couple layouts, or end it:
 
@@ -21,7 +21,9 @@ whether it was flattened. Ops either keep the layout, couple layouts, or end it:
   features ``o·C·inner + c·inner + i`` (``inner`` = product of the dims after the channel
   axis, ``outer`` = product of the flattened dims before it), read only by Gemm/MatMul;
 * consumers: Conv (``group=1``), Gemm (``transA=0``) and MatMul with a constant weight read
-  the channels as input channels — their weights are sliced along the input axis;
+  the channels as input channels — their weights are sliced along the input axis; so does
+  ConvTranspose (``group=1``), whose weight is ``[C_in, C_out, k…]`` (input axis 0, output
+  axis 1);
 * Shape is allowed only when its result is sliced/gathered to dims before the channel axis.
 
 Everything else blocks the atoms it touches, with the reason kept for the report: graph
@@ -87,7 +89,7 @@ def _block_all(cg, node, ins, reason) -> None:
 # --- sources and consumers ---------------------------------------------------------------
 
 def _weight_role(node: gs.Node):
-    """('conv'|'gemm'|'matmul'|'depthwise'|'grouped', weight) for weighted nodes, else None."""
+    """'conv'|'convT'|'gemm'|'matmul'|'depthwise'|'grouped' for weighted nodes, else None."""
     if node.op == "Conv" and len(node.inputs) >= 2:
         w = const_value(node.inputs[1])
         if w is None or w.ndim < 3:
@@ -98,6 +100,11 @@ def _weight_role(node: gs.Node):
         if group == w.shape[0] and w.shape[1] == 1:
             return "depthwise"
         return "grouped"
+    if node.op == "ConvTranspose" and len(node.inputs) >= 2:
+        w = const_value(node.inputs[1])
+        if w is None or w.ndim < 3:
+            return None
+        return "convT" if int(attr(node, "group", 1)) == 1 else "grouped"
     if node.op == "Gemm" and len(node.inputs) >= 2 and const_value(node.inputs[1]) is not None:
         return "gemm"
     if node.op == "MatMul" and const_value(node.inputs[1]) is not None and const_value(node.inputs[1]).ndim == 2:
@@ -130,20 +137,21 @@ def _visit_weighted(cg, node, ins, role, shapes) -> None:
         return
     if role == "grouped":
         if lay is not None:
-            cg.block(lay, f"grouped Conv ({node.name})")
+            cg.block(lay, f"grouped {node.op} ({node.name})")
         return
     trans_a = int(attr(node, "transA", 0)) if role == "gemm" else 0
     trans_b = int(attr(node, "transB", 0)) if role == "gemm" else 0
-    in_axis, out_axis = (1, 0) if role == "conv" else ((1, 0) if trans_b else (0, 1))
+    conv_like = role in ("conv", "convT")
+    in_axis, out_axis = {"conv": (1, 0), "convT": (0, 1)}.get(role, (1, 0) if trans_b else (0, 1))
     if lay is not None:
-        expected_axis = 1 if role == "conv" else lay.rank - 1
+        expected_axis = 1 if conv_like else lay.rank - 1
         features = w.shape[in_axis]
         reason = None
         if trans_a:
             reason = "Gemm with transA"
         elif lay.axis != expected_axis:
             reason = f"{node.op} reads the channels on another axis"
-        elif lay.flat is not None and (role == "conv" or lay.flat[0] * lay.size * lay.flat[1] != features):
+        elif lay.flat is not None and (conv_like or lay.flat[0] * lay.size * lay.flat[1] != features):
             reason = f"{node.op} feature count does not match the flattened channels"
         elif lay.flat is None and lay.size != features:
             reason = f"{node.op} input count mismatch"
@@ -157,9 +165,9 @@ def _visit_weighted(cg, node, ins, role, shapes) -> None:
                                          and const_value(node.inputs[2]) is None):
         return
     out = node.outputs[0]
-    rank = len(shapes[out.name]) if out.name in shapes else (w.ndim if role == "conv" else None)
+    rank = len(shapes[out.name]) if out.name in shapes else (w.ndim if conv_like else None)
     if rank is None:
         return
     atoms = cg.uf.new(w.shape[out_axis])
-    cg.set_layout(out, Layout(atoms, 1 if role == "conv" else rank - 1, rank))
+    cg.set_layout(out, Layout(atoms, 1 if conv_like else rank - 1, rank))
     cg.sources.append(Source(node, role, out_axis))

@@ -81,7 +81,7 @@ def _channels_first(x: np.ndarray, layout) -> np.ndarray:
         axis = layout.axis + 1
     else:
         axis = layout.axis
-    return np.moveaxis(x, axis, 0).reshape(layout.size, -1).astype(np.float64)
+    return np.moveaxis(x, axis, 0).reshape(layout.size, -1).astype(np.float32)
 
 
 def _consumer_weight(c, layout) -> np.ndarray:
@@ -89,6 +89,8 @@ def _consumer_weight(c, layout) -> np.ndarray:
     w = const_value(c.node.inputs[1]).astype(np.float64)
     if c.kind == "conv":
         return w.reshape(w.shape[0], w.shape[1], -1)
+    if c.kind == "convT":  # [C_in, C_out, k…] → [C_out, C_in, window]
+        return np.moveaxis(w.reshape(w.shape[0], w.shape[1], -1), 1, 0)
     w = np.moveaxis(w, c.in_axis, 1)  # [C_out, F]
     outer, inner = layout.flat or (1, 1)
     w = w.reshape(w.shape[0], outer, layout.size, inner)
@@ -102,7 +104,9 @@ def activation_stats(cg, proto, samples, names: list) -> dict:
         for name in names:
             x = _channels_first(acts[name], cg.layouts[name])
             mean, abs_sum, cov, count = sums.get(name, (0.0, 0.0, 0.0, 0))
-            sums[name] = (mean + x.sum(axis=1), abs_sum + np.abs(x).sum(axis=1), cov + x @ x.T, count + x.shape[1])
+            # float32 products (BLAS speed), float64 running sums
+            sums[name] = (mean + x.sum(axis=1, dtype=np.float64), abs_sum + np.abs(x).sum(axis=1, dtype=np.float64),
+                          cov + (x @ x.T).astype(np.float64), count + x.shape[1])
     return {name: (m / max(n, 1), a / max(n, 1), c / max(n, 1)) for name, (m, a, c, n) in sums.items()}
 
 
@@ -161,10 +165,10 @@ def unit_costs(cg) -> dict:
     for s in cg.sources:
         w = const_value(s.node.inputs[1])
         out = s.node.outputs[0].name
-        add(out, positions(out, s.kind == "conv") * w.size / w.shape[s.out_axis])
+        add(out, positions(out, s.kind in ("conv", "convT")) * w.size / w.shape[s.out_axis])
     for c in cg.consumers:
         w = const_value(c.node.inputs[1])
-        add(c.tensor.name, positions(c.node.outputs[0].name, c.kind == "conv") * w.size / cg.layouts[c.tensor.name].size)
+        add(c.tensor.name, positions(c.node.outputs[0].name, c.kind in ("conv", "convT")) * w.size / cg.layouts[c.tensor.name].size)
     for node, tensor in cg.depthwise:
         w = const_value(node.inputs[1])
         add(tensor.name, positions(tensor.name, True) * w.size / w.shape[0])

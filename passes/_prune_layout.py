@@ -29,7 +29,7 @@ class Layout:
 @dataclass
 class Source:
     node: gs.Node
-    kind: str  # conv | gemm | matmul
+    kind: str  # conv | convT | gemm | matmul
     out_axis: int  # axis of the weight that indexes output channels
 
 
@@ -37,7 +37,7 @@ class Source:
 class Consumer:
     node: gs.Node
     tensor: gs.Tensor
-    kind: str  # conv | gemm | matmul
+    kind: str  # conv | convT | gemm | matmul
     in_axis: int  # axis of the weight that indexes input channels/features
 
 

@@ -14,7 +14,8 @@ before the re-fit (:mod:`._prune_refit`) does the rest.
 
 No group loses more than ``max_ratio`` of its units (default min(2·ratio, 0.9)): a global
 ranking would otherwise empty the layers whose scores happen to be spread wide — typically
-the squeeze convs of SE blocks, which see one row per sample and so cannot be re-fitted.
+the squeeze convs of SE blocks, which see one row per sample and so are re-fitted only
+loosely (the ridge prior keeps them near their pruned weights).
 
 Then per group the kept count ``k = |T_g| − n_g`` is rounded *up* to a multiple of
 ``multiple`` and raised to ``min_channels``; the group is left whole (reason counted) when
@@ -31,6 +32,7 @@ import numpy as np
 
 from ._prune_apply import apply
 from ._prune_importance import activation_stats, consumer_inputs, unit_costs, unit_scores
+from ._prune_latency import node_times, unit_latency
 from ._prune_refit import Refitter
 
 
@@ -88,8 +90,13 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
     samples = ctx.feed.take(max(opts["samples"], 1))
     stats = activation_stats(cg, teacher, samples, consumer_inputs(cg))
     scores = unit_scores(cg, opts["criterion"], stats, opts["seed"])
-    if opts["cost"] == "macs":
-        costs = unit_costs(cg)
+    if opts["cost"] != "none":
+        if opts["cost"] == "latency":
+            times = node_times(model.to_proto(), samples[0])
+            result.metrics["profiled_ms"] = round(1e3 * sum(times), 3)
+            costs = unit_latency(cg, times)
+        else:
+            costs = unit_costs(cg)
         mean = float(np.mean(list(costs.values()))) if costs else 1.0
         scores = {u: v * mean / max(costs.get(u, mean), 1e-12) for u, v in scores.items()}
     removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], max(opts["multiple"], 1), result,
@@ -103,8 +110,7 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
     result.rewrite("prune channel", len(removed))
     if opts["refit"]:
         refitter = Refitter(model, teacher, samples, opts["seed"])
-        for c, out_mask in ctx.progress(consumer_masks(cg, keep), desc="prune refit"):
-            refitter.refit(c, out_mask, result)
+        refitter.refit_all(consumer_masks(cg, keep), result, ctx.progress)
     shrunk = [(s.node, keep[s.node.outputs[0].name]) for s in cg.sources if not keep[s.node.outputs[0].name].all()]
     result.metrics["sources_shrunk"] = len(shrunk)
     if opts["explain"]:

@@ -10,18 +10,26 @@ one already re-fitted — so each layer also compensates the error of the ones b
 With ``X`` the student's input rows (im2col patches of the kept channels for a Conv, at
 randomly sampled output positions, at most ``MAX_ROWS``; rows of features for Gemm/MatMul)
 with a column of ones for the bias, ``Y`` the teacher's output at the same positions (kept
-output channels only) and ``W₀`` the pruned weights, ridge regression toward ``W₀``::
+output channels only) and ``W₀`` the pruned weights (with the removed channels' means already
+in the bias), ridge regression with a prior toward ``W₀``::
 
-    W = argmin ‖X W − Y‖² + λ‖W − W₀‖²  =  (XᵀX + λI)⁻¹ (XᵀY + λW₀),   λ = α · tr(XᵀX)/d
+    W(α) = argmin ‖X W − Y‖² + λ‖W − W₀‖²  =  (XᵀX + λI)⁻¹ (XᵀY + λW₀),   λ = α · tr(XᵀX)/d
 
-(α = ``RIDGE`` = 1e-3; shrinking toward W₀ rather than 0 keeps the weights sensible where the
-data do not determine them, e.g. a Gemm head seeing 8 samples). Then for Conv
-``W ← W.reshape(C_out, C_in', kh, kw)`` and bias; for Gemm ``B = W/α`` (transposed back if
-``transB``) and ``C = c/β``; MatMul has no bias column.
+α is chosen on held-out rows: the rows of even-numbered samples fit ``W(α)`` for every α of
+``ALPHAS`` (one eigendecomposition ``XₜᵀXₜ = V S Vᵀ`` gives them all:
+``W(α) = V diag(1/(s+λ)) Vᵀ(XₜᵀYₜ + λW₀)``), the rows of odd-numbered samples score them,
+and the best α is solved again on all rows. Shrinking toward W₀ rather than 0 is what makes
+this work with few rows (an FC / SE layer sees one row per sample): a large α keeps W₀ where
+the data do not determine the weights. When no α beats W₀ on the held-out rows the layer
+keeps W₀ (reason counted). Then for Conv ``W ← W.reshape(C_out, C_in', kh, kw)`` and bias; for
+Gemm ``B = W/α_gemm`` (transposed back if ``transB``) and ``C = c/β``; MatMul has no bias column.
 
-Skipped with a reason: fewer than ``2·(d + 1)`` rows (a Gemm head seeing one row per
-sample would memorise the calibration set, not generalise), more than ``MAX_INPUTS`` unknowns per output
-(the normal equations would be too large), a solve that does not lower the error.
+Cost: the teacher runs once for all consumers (:meth:`Refitter.prepare` keeps only the sampled
+rows); the student runs once per consumer, on the first ``n`` samples only, where a Conv whose
+output has ``P`` positions per sample uses ``n = min(S, max(MIN_SAMPLES, ⌈4·MAX_ROWS / P⌉))``
+(large feature maps give plenty of rows from few images — this is what makes the text
+detector's re-fit fast). Skipped with a reason: more than ``MAX_INPUTS`` unknowns per output
+(the normal equations would be too large), 2-D kernels only.
 """
 
 from __future__ import annotations
@@ -32,12 +40,13 @@ from onnxslim_kit.activations import iter_activations
 
 from ._graph import attr, const_value
 from ._prune_apply import set_input
+from ._prune_student import truncate, waves
 from ._svd_stats import conv_geometry
 
-RIDGE = 1e-3
+ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 MAX_ROWS = 8192
 MAX_INPUTS = 4608
-MIN_ROWS_PER_INPUT = 2  # rows ≥ 2·(d + 1), else the solve would just memorise the samples
+MIN_SAMPLES = 4
 
 
 def im2col_rows(x: np.ndarray, geo, positions: np.ndarray) -> np.ndarray:
@@ -63,77 +72,157 @@ def _positions(shape, count: int, rng) -> np.ndarray:
     return np.stack(np.unravel_index(flat, grid), axis=1)
 
 
-def _ridge(x: np.ndarray, y: np.ndarray, w0: np.ndarray, bias_col: bool) -> np.ndarray:
-    d = x.shape[1] - (1 if bias_col else 0)
+def _lam(gram: np.ndarray, d: int, alpha: float) -> float:
+    return alpha * float(np.trace(gram[:d, :d])) / max(d, 1) + 1e-12
+
+
+def ridge_held_out(x, y, w0, held_out: np.ndarray, d: int) -> tuple:
+    """(best α, held-out error of W(α), held-out error of W₀) — fit on ``~held_out`` rows."""
+    xt, yt, xv, yv = x[~held_out], y[~held_out], x[held_out], y[held_out]
+    gram = xt.T @ xt
+    s, v = np.linalg.eigh(gram)
+    p, q = v.T @ (xt.T @ yt), v.T @ w0
+    base = float(np.sum((xv @ w0 - yv) ** 2))
+    best = (None, np.inf)
+    for alpha in ALPHAS:
+        lam = _lam(gram, d, alpha)
+        w = v @ ((p + lam * q) / (np.maximum(s, 0) + lam)[:, None])
+        err = float(np.sum((xv @ w - yv) ** 2))
+        if err < best[1]:
+            best = (alpha, err)
+    return best[0], best[1], base
+
+
+def ridge(x: np.ndarray, y: np.ndarray, w0: np.ndarray, d: int, alpha: float) -> np.ndarray:
     gram = x.T @ x
-    lam = RIDGE * float(np.trace(gram[:d, :d])) / max(d, 1) + 1e-12
-    return np.linalg.solve(gram + lam * np.eye(len(gram)), x.T @ y + lam * w0)
+    return np.linalg.solve(gram + _lam(gram, d, alpha) * np.eye(len(gram)), x.T @ y + _lam(gram, d, alpha) * w0)
+
+
+def _held_out(sample_ids: np.ndarray) -> np.ndarray:
+    """Rows of odd-numbered samples (of odd rows when all come from one sample)."""
+    if len(np.unique(sample_ids)) > 1:
+        return sample_ids % 2 == 1
+    return np.arange(len(sample_ids)) % 2 == 1
+
+
+def not_refittable(c) -> str | None:
+    """Why consumer ``c`` cannot be re-fitted (None: it can)."""
+    node, w = c.node, const_value(c.node.inputs[1])
+    if c.kind == "convT":
+        return "ConvTranspose (mean compensation only)"
+    if c.kind == "conv" and w.ndim != 4:
+        return "Conv not 2-D"
+    if c.kind == "gemm" and len(node.inputs) > 2 and node.inputs[2].name and (
+            const_value(node.inputs[2]) is None or const_value(node.inputs[2]).size not in (1, w.shape[1 - c.in_axis])):
+        return "Gemm with a matrix C"
+    if (int(np.prod(w.shape[1:])) if c.kind == "conv" else w.shape[c.in_axis]) > MAX_INPUTS:
+        return "too many inputs per output"
+    return None
 
 
 class Refitter:
-    """Collects rows for one consumer and solves; see the module docstring."""
+    """Collects rows for the consumers and solves; see the module docstring."""
 
     def __init__(self, model, teacher, samples, seed: int = 0):
         self.model = model
         self.teacher = teacher
         self.samples = samples
         self.rng = np.random.default_rng(seed)
+        self.targets: dict = {}  # consumer node id -> (samples used, positions per sample, Y rows per sample)
+        self.inputs: dict = {}  # consumer node id -> (X rows per sample, sample index per row)
+
+    def refit_all(self, todo: list, result, progress=lambda it, **_: it) -> None:
+        """Re-fit ``todo`` [(consumer, out mask)] in topological order: one teacher run for all,
+        one truncated student run per wave of independent consumers."""
+        self.prepare([c for c, _ in todo])
+        for wave in progress(waves(self.model.to_proto(), todo, lambda item: item[0].node), desc="prune refit"):
+            self.collect(wave)
+            for c, out_mask in wave:
+                self.refit(c, out_mask, result)
+
+    def prepare(self, consumers: list) -> None:
+        """One teacher run over the samples: the target rows of every consumer in ``consumers``."""
+        consumers = [c for c in consumers if not not_refittable(c)]
+        if not consumers:
+            return
+        names = sorted({c.node.outputs[0].name for c in consumers})
+        for c in consumers:
+            self.targets[id(c.node)] = [None, [], []]
+        for i, acts in enumerate(iter_activations(self.teacher, names, self.samples, threads=1)):
+            for c in consumers:
+                target = self.targets[id(c.node)]
+                y = acts[c.node.outputs[0].name]
+                if target[0] is None:
+                    target[0] = self._samples_for(c, y.shape)
+                if i >= target[0]:
+                    continue
+                if c.kind == "conv":
+                    pos = _positions(y.shape, max(MAX_ROWS // target[0], 1), self.rng)
+                    target[1].append(pos)
+                    y = y[(pos[:, 0], slice(None)) + tuple(pos[:, 1 + k] for k in range(y.ndim - 2))]
+                target[2].append(y.reshape(-1, y.shape[-1]).astype(np.float64))
+
+    def _samples_for(self, c, shape) -> int:
+        if c.kind != "conv":
+            return len(self.samples)
+        per_sample = int(np.prod(shape[2:]))
+        return min(len(self.samples), max(MIN_SAMPLES, -(-4 * MAX_ROWS // max(per_sample, 1))))
 
     def refit(self, c, out_mask, result) -> None:
         node = c.node
         w = const_value(node.inputs[1])
-        if c.kind == "conv" and w.ndim != 4:
-            result.skip("refit: Conv not 2-D")
+        reason = not_refittable(c)
+        if reason:
+            result.skip(f"refit: {reason}")
             return
         d = int(np.prod(w.shape[1:])) if c.kind == "conv" else w.shape[c.in_axis]
-        if c.kind == "gemm" and len(node.inputs) > 2 and node.inputs[2].name and (
-                const_value(node.inputs[2]) is None or const_value(node.inputs[2]).size not in (1, w.shape[1 - c.in_axis])):
-            result.skip("refit: Gemm with a matrix C")
-            return
-        if d > MAX_INPUTS:
-            result.skip("refit: too many inputs per output")
-            return
-        x, y = self._rows(c, w, d, out_mask)
-        if len(x) < MIN_ROWS_PER_INPUT * (d + 1):
-            result.skip("refit: fewer calibration rows than unknowns")
-            return
+        x, y, ids = self._rows(c, out_mask)
         has_bias = c.kind != "matmul"
         w0 = self._current(c, w)
         if has_bias:
             x = np.concatenate([x, np.ones((len(x), 1))], axis=1)
         else:
             w0 = w0[:-1]
-        solved = _ridge(x, y, w0, has_bias)
-        before = float(np.sum((x @ w0 - y) ** 2))
-        after = float(np.sum((x @ solved - y) ** 2))
-        if not after < before:
-            result.skip("refit: no improvement")
+        alpha, after, before = ridge_held_out(x, y, w0, _held_out(ids), d)
+        if alpha is None or not after < before:
+            result.skip("refit: no held-out improvement")
             return
-        self._store(c, w, solved)
+        self._store(c, w, ridge(x, y, w0, d, alpha))
         result.rewrite("refit layer")
         result.metrics.setdefault("refit_error_ratio", []).append(round(after / max(before, 1e-30), 4))
+        result.metrics.setdefault("refit_alpha", []).append(alpha)
 
     # --- data -------------------------------------------------------------------
-    def _rows(self, c, w, d, out_mask):
-        node = c.node
-        in_name, out_name = node.inputs[0].name, node.outputs[0].name
-        per_sample = max(MAX_ROWS // max(len(self.samples), 1), 1)
-        positions = []
-        ys = []
-        for acts in iter_activations(self.teacher, [out_name], self.samples, threads=1):
-            y = acts[out_name]
-            if c.kind == "conv":
-                pos = _positions(y.shape, max(per_sample, 1), self.rng)
-                positions.append(pos)
-                y = y[(pos[:, 0], slice(None)) + tuple(pos[:, 1 + i] for i in range(y.ndim - 2))]  # [P, C_out]
-            y = y.reshape(-1, y.shape[-1])
-            ys.append(y if out_mask is None else y[:, out_mask])
-        xs = []
-        for i, acts in enumerate(iter_activations(self.model.to_proto(), [in_name], self.samples, threads=1)):
-            x = acts[in_name]
-            xs.append(im2col_rows(x, conv_geometry(node, x.shape), positions[i]) if c.kind == "conv"
-                      else x.reshape(-1, d))
-        return np.concatenate(xs).astype(np.float64), np.concatenate(ys).astype(np.float64)
+    def collect(self, wave: list) -> None:
+        """Student input rows of every consumer of ``wave`` [(consumer, out mask)] in one run of
+        the model truncated to their inputs (:mod:`._prune_student`)."""
+        todo = [c for c, _ in wave if id(c.node) in self.targets and id(c.node) not in self.inputs]
+        if not todo:
+            return
+        names = sorted({c.node.inputs[0].name for c in todo})
+        n = max(self.targets[id(c.node)][0] for c in todo)
+        proto = truncate(self.model.to_proto(), names)
+        for c in todo:
+            self.inputs[id(c.node)] = ([], [])
+        for i, acts in enumerate(iter_activations(proto, names, self.samples[:n], threads=1)):
+            for c in todo:
+                if i >= self.targets[id(c.node)][0]:
+                    continue
+                x = acts[c.node.inputs[0].name]
+                xs, ids = self.inputs[id(c.node)]
+                xs.append(im2col_rows(x, conv_geometry(c.node, x.shape), self.targets[id(c.node)][1][i])
+                          if c.kind == "conv" else x.reshape(-1, x.shape[-1]))
+                ids.append(np.full(len(xs[-1]), i))
+
+    def _rows(self, c, out_mask):
+        """Student input rows X, teacher target rows Y and the sample index of every row."""
+        if id(c.node) not in self.targets:
+            self.prepare([c])
+        self.collect([(c, out_mask)])
+        _, _, ys = self.targets.pop(id(c.node))
+        xs, ids = self.inputs.pop(id(c.node))
+        y = np.concatenate(ys)
+        return np.concatenate(xs).astype(np.float64), y if out_mask is None else y[:, out_mask], np.concatenate(ids)
 
     # --- weights ----------------------------------------------------------------
     def _current(self, c, w) -> np.ndarray:

@@ -16,7 +16,8 @@ channel's value if it is the same at every position of every sample, else NaN.
 * anything else: NaN.
 
 A unit can be stripped when it is not blocked, it is read by at least one consumer, and at
-every consumer position its value is finite — and, at a Conv consumer with padding, zero.
+every consumer position its value is finite — and zero at a Conv consumer with padding and at
+a ConvTranspose (whose taps overlap unevenly, so a constant input is not a constant output).
 Then :func:`._prune_apply.apply` removes it and folds the constants into consumer biases, so
 the outputs are unchanged (up to float rounding).
 """
@@ -215,6 +216,7 @@ def channel_values(cg) -> dict:
 
 
 PADDED_CONV = "constant channel feeds a padded Conv"
+CONV_TRANSPOSE = "non-zero constant channel feeds a ConvTranspose"
 VARIES = "constant channel varies where read, padding on the way"
 
 
@@ -231,6 +233,8 @@ def strippable(cg) -> tuple:
                 kept.setdefault(unit, VARIES)
             elif c.kind == "conv" and value != 0 and _has_padding(c.node):
                 kept[unit] = PADDED_CONV
+            elif c.kind == "convT" and value != 0:
+                kept[unit] = CONV_TRANSPOSE
     constant_at_source = set()
     for s in cg.sources:
         name = s.node.outputs[0].name

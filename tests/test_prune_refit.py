@@ -1,0 +1,116 @@
+"""prune re-fit (ridge toward W₀ with α chosen on held-out rows) and cost=latency."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper, numpy_helper
+from test_prune_ratio import NET, min_cosine
+from test_prune_strip import build, conv, conv_weight, run_prune, weight
+
+from onnxslim_kit.activations import iter_activations
+from onnxslim_kit.passes._prune_groups import analyse
+from onnxslim_kit.passes._prune_latency import node_times, unit_latency
+from onnxslim_kit.passes._prune_refit import ALPHAS, ridge, ridge_held_out
+from onnxslim_kit.passes._prune_student import truncate, waves
+
+
+def _linear_problem(rows: int, d: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.standard_normal((rows, d)), np.ones((rows, 1))], axis=1)
+    w_true = rng.standard_normal((d + 1, 6))
+    w0 = w_true + 0.3 * rng.standard_normal(w_true.shape)  # the pruned layer: close, not right
+    return x, x @ w_true, w0, w_true
+
+
+def test_ridge_toward_w0_helps_with_fewer_rows_than_unknowns():
+    x, y, w0, w_true = _linear_problem(rows=16, d=40)  # 16 rows, 41 unknowns per output
+    held = np.arange(16) % 2 == 1
+    alpha, after, before = ridge_held_out(x, y, w0, held, 40)
+    assert alpha in ALPHAS
+    assert after < 0.8 * before  # moves toward the truth in the rows' span, keeps W₀ elsewhere
+    fitted = ridge(x, y, w0, 40, alpha)
+    assert np.linalg.norm(fitted - w_true) < np.linalg.norm(w0 - w_true)
+
+
+def test_ridge_with_many_rows_recovers_the_weights():
+    x, y, w0, w_true = _linear_problem(rows=400, d=20)
+    alpha, after, before = ridge_held_out(x, y, w0, np.arange(400) % 2 == 1, 20)
+    assert alpha == min(ALPHAS) and after < 1e-4 * before
+    np.testing.assert_allclose(ridge(x, y, w0, 20, alpha), w_true, atol=1e-2)
+
+
+def test_gemm_head_with_few_samples_is_refitted():
+    """The Gemm head sees one row per sample (4 here, 24+1 unknowns): re-fitted all the same."""
+    fitted, result = run_prune(NET, ratio=0.5, criterion="l1", multiple=4, min_channels=4)
+    assert result.rewrites["refit layer"] >= 4
+    assert "refit: fewer calibration rows than unknowns" not in result.skipped
+    assert all(r < 1.0 for r in result.metrics["refit_error_ratio"])
+    assert min_cosine(fitted) > 0.98
+
+
+def _chain():
+    """conv a (8 out) → Relu → conv b (reads 8) → Relu → dw (8) → conv c."""
+    nodes = [conv("a", "x", weight(8, 3, 3, 3), weight(8), pads=1), helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             conv("b", "r", weight(8, 8, 1, 1), weight(8)), helper.make_node("Relu", ["b"], ["s"], name="relu2"),
+             conv("dw", "s", weight(8, 1, 3, 3), weight(8), pads=1, group=8),
+             conv("c", "dw", weight(4, 8, 1, 1), weight(4))]
+    inits = {f"{n}.{k}": v for n, shape in {"a": (8, 3, 3, 3), "b": (8, 8, 1, 1), "dw": (8, 1, 3, 3),
+                                             "c": (4, 8, 1, 1)}.items()
+             for k, v in (("w", weight(*shape)), ("b", weight(shape[0])))}
+    return build(nodes, inits, [1, 3, 8, 8], {"c": 4})
+
+
+def test_unit_latency_splits_each_node_time_over_its_channels():
+    graph = gs.import_onnx(_chain())
+    graph.toposort()
+    shapes = {t.name: tuple(t.shape) for t in graph.tensors().values() if t.shape is not None}
+    cg = analyse(graph, shapes)
+    times = [float(i + 1) for i in range(len(graph.nodes))]  # node k takes k + 1 "seconds"
+    costs = unit_latency(cg, times)
+    pos = {n.name: i for i, n in enumerate(graph.nodes)}
+    t = {name: times[i] for name, i in pos.items()}
+    a_units = set(cg.units_of("a").tolist())
+    b_units = set(cg.units_of("b").tolist())
+    # a's output channel: a (source), relu (pass-through), b (consumer) — 8 channels each
+    for u in a_units:
+        assert costs[u] == pytest.approx((t["a"] + t["relu"] + t["b"]) / 8)
+    # b's output channel: b (source), relu2, dw (depthwise), c (consumer)
+    for u in b_units:
+        assert costs[u] == pytest.approx((t["b"] + t["relu2"] + t["dw"] + t["c"]) / 8)
+
+
+def test_node_times_measures_every_node():
+    proto = _chain()
+    sample = {"x": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    times = node_times(proto, sample, runs=3)
+    assert len(times) == len(proto.graph.node)
+    assert all(t >= 0 for t in times) and sum(times) > 0
+
+
+def test_cost_latency_prunes_to_a_valid_model():
+    out, result = run_prune(NET, ratio=0.4, cost="latency", multiple=4, min_channels=4)
+    assert result.rewrites["prune channel"] > 0 and result.metrics["profiled_ms"] > 0
+    assert conv_weight(out, "c1").shape[0] < 32
+    assert min_cosine(out) > 0.9
+
+
+def test_truncated_student_computes_the_same_tensor_with_fewer_nodes():
+    proto = _chain()
+    sample = {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    cut = truncate(proto, ["s"])
+    assert [n.name for n in cut.graph.node] == ["a", "relu", "b", "relu2"]
+    full = next(iter_activations(proto, ["s"], [sample]))["s"]
+    np.testing.assert_array_equal(next(iter_activations(cut, ["s"], [sample]))["s"], full)
+
+
+def test_waves_keep_dependent_consumers_apart():
+    """b and a parallel 1×1 conv p both read r: one wave; c reads dw ← b: the next wave."""
+    proto = _chain()
+    proto.graph.node.append(conv("p", "r", weight(2, 8, 1, 1)))
+    proto.graph.initializer.append(numpy_helper.from_array(weight(2, 8, 1, 1), "p.w"))
+    graph = gs.import_onnx(proto)
+    nodes = {n.name: n for n in graph.nodes}
+    split = waves(proto, ["b", "p", "c"], lambda name: nodes[name])
+    assert split == [["b", "p"], ["c"]]
