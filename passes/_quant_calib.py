@@ -43,17 +43,23 @@ class TensorStats:
 
     def update(self, values: np.ndarray) -> None:
         x = np.asarray(values, dtype=np.float32).ravel()
-        x = x[np.isfinite(x)]
         if x.size == 0:
             return
         lo, hi = float(x.min()), float(x.max())
+        if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN / ±inf somewhere: drop them (a copy)
+            x = x[np.isfinite(x)]
+            if x.size == 0:
+                return
+            lo, hi = float(x.min()), float(x.max())
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
         peak = max(abs(lo), abs(hi))
         if self.radius == 0.0:
             self.radius = peak if peak > 0 else 1.0
         while peak > self.radius:
             self._double()
-        idx = ((x / self.radius + 1.0) * (NBINS / 2)).astype(np.int64)
+        idx = x * np.float32(NBINS / 2 / self.radius)  # bin = ⌊(x / R + 1) · NBINS / 2⌋, in place
+        idx += np.float32(NBINS / 2)
+        idx = idx.astype(np.intp)
         np.clip(idx, 0, NBINS - 1, out=idx)
         self.hist += np.bincount(idx, minlength=NBINS)
         self.count += x.size

@@ -108,6 +108,12 @@ class Scorer:
         self.builds = 0
         self.runs = 0
 
+    def head(self, n: int) -> "Scorer":
+        """A scorer on the first ``n`` samples, sharing the reference outputs (no new runs)."""
+        other = object.__new__(Scorer)
+        other.__dict__.update(self.__dict__, samples=self.samples[:n], reference=self.reference[:n], builds=0, runs=0)
+        return other
+
     def __call__(self, proto, stop_below: float | None = None) -> float:
         """The score of ``proto``; with ``stop_below``, a bound ``< stop_below`` as soon as
         the samples seen prove the final score would be below it."""

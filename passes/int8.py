@@ -287,10 +287,9 @@ class Int8Pass(Pass):
 
         names = [spec.name for spec in plan.layers]
         mode = ctx.options["sensitivity"]
-        rank_set = samples[: max(1, ctx.options["rank_samples"])]
         local = None if mode == "e2e" else (  # measured with the bias correction, or now
             lambda: sensitivity or measure_twins(trial_copy(model), plan, samples, correct=False)[1])
-        ranker = Scorer(ctx.original, rank_set, metric, shared)
+        ranker = scorer.head(max(1, ctx.options["rank_samples"]))
         refine = ctx.options["refine"] if mode == "hybrid" else 0
         while True:
             float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log,

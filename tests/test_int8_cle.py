@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import run_ort
-from onnxslim_kit.passes._quant_cle import equalize
 from test_int8 import build, quantize
 
 from onnxslim_kit.model import Model
+from onnxslim_kit.passes._quant_cle import equalize
 from onnxslim_kit.pipeline import PassResult
 
 RNG = np.random.default_rng(7)
