@@ -17,6 +17,12 @@ ranking would otherwise empty the layers whose scores happen to be spread wide �
 the squeeze convs of SE blocks, which see one row per sample and so are re-fitted only
 loosely (the ridge prior keeps them near their pruned weights).
 
+With ``max_loss=β`` > 0 (a per-group error budget) a group gives up only as many of its lowest
+units as hold at most β of its importance mass ``Σ_{u∈g} score(u)`` (the importance before any
+``cost`` division; with ``taylor`` the share of the consumers' output energy the cut units carry,
+to first order): where every channel matters the group is spared, where importance sits in a
+few channels it is cut the full amount.
+
 Then per group the kept count ``k = |T_g| − n_g`` is rounded *up* to a multiple of
 ``multiple`` and raised to ``min_channels``; the group is left whole (reason counted) when
 that leaves nothing to cut. Rounding up keeps every source's channel count a multiple of
@@ -42,7 +48,7 @@ def max_share(ratio: float, max_ratio: float) -> float:
 
 
 def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multiple: int, result,
-           cap: float = 1.0) -> set:
+           cap: float = 1.0, importance: dict | None = None, max_loss: float = 0.0) -> set:
     blocked = cg.blocked_units()
     groups = [(g, [u for u in g if u not in blocked]) for g in cg.source_groups()]
     wanted: dict = {}
@@ -67,8 +73,25 @@ def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multip
                 result.skip("group kept whole (min_channels / multiple)")
             continue
         ranked = sorted(prunable, key=lambda u: (scores.get(u, 0.0), u))
+        if max_loss > 0:
+            n = within_budget(ranked, n, group, importance or scores, max_loss, multiple, result)
         removed.update(ranked[:n])
     return removed
+
+
+def within_budget(ranked: list, n: int, group: list, importance: dict, max_loss: float, multiple: int,
+                  result) -> int:
+    """Largest ``n' ≤ n`` (in steps of ``multiple``) whose cut units hold at most ``max_loss`` of
+    the group's importance mass ``Σ_g score``."""
+    total = sum(importance.get(u, 0.0) for u in group)
+    step = max(multiple, 1)
+    allowed = n
+    while allowed > 0 and sum(importance.get(u, 0.0) for u in ranked[:allowed]) > max_loss * total:
+        allowed -= step
+    allowed = max(allowed, 0)
+    if allowed < n:
+        result.skip("group cut less (max_loss)" if allowed else "group kept whole (max_loss)")
+    return allowed
 
 
 def consumer_masks(cg, keep: dict) -> list:
@@ -89,7 +112,7 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
     cg = analyse_model(model, ctx)
     samples = ctx.feed.take(max(opts["samples"], 1))
     stats = activation_stats(cg, teacher, samples, consumer_inputs(cg))
-    scores = unit_scores(cg, opts["criterion"], stats, opts["seed"])
+    scores = importance = unit_scores(cg, opts["criterion"], stats, opts["seed"])
     if opts["cost"] != "none":
         if opts["cost"] == "latency":
             times = node_times(model.to_proto(), samples[0])
@@ -100,7 +123,7 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
         mean = float(np.mean(list(costs.values()))) if costs else 1.0
         scores = {u: v * mean / max(costs.get(u, mean), 1e-12) for u, v in scores.items()}
     removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], max(opts["multiple"], 1), result,
-                     max_share(opts["ratio"], opts["max_ratio"]))
+                     max_share(opts["ratio"], opts["max_ratio"]), importance, opts["max_loss"])
     if not removed:
         result.skip("nothing to prune at this ratio")
         return

@@ -109,6 +109,7 @@ class PrunePass(Pass):
         "scope": Option(str, "global", "rank channels over the model or per group", ("global", "layer")),
         "min_channels": Option(int, 8, "keep at least this many channels per group"),
         "max_ratio": Option(float, 0.0, "largest fraction of one group to cut (0: min(2·ratio, 0.9))"),
+        "max_loss": Option(float, 0.0, "largest share of a group's importance to cut (0: no limit)"),
         "multiple": Option(int, 8, "keep channel counts at multiples of this (1: any)"),
         "refit": Option(bool, True, "re-solve consumer weights by ridge least squares"),
         "sparsity": Option(float, 0.0, "unstructured magnitude sparsity of Conv/Gemm/MatMul weights"),

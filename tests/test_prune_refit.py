@@ -12,6 +12,7 @@ from test_prune_strip import build, conv, conv_weight, run_prune, weight
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.passes._prune_groups import analyse
 from onnxslim_kit.passes._prune_latency import node_times, unit_latency
+from onnxslim_kit.passes._prune_ratio import within_budget
 from onnxslim_kit.passes._prune_refit import ALPHAS, ridge, ridge_held_out
 from onnxslim_kit.passes._prune_student import truncate, waves
 
@@ -114,3 +115,31 @@ def test_waves_keep_dependent_consumers_apart():
     nodes = {n.name: n for n in graph.nodes}
     split = waves(proto, ["b", "p", "c"], lambda name: nodes[name])
     assert split == [["b", "p"], ["c"]]
+
+
+class _Result:
+    def __init__(self):
+        self.skipped = {}
+
+    def skip(self, reason, count=1):
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+
+@pytest.mark.parametrize("multiple,expected", [(1, 2), (2, 2), (3, 1)])
+def test_error_budget_cuts_only_the_low_importance_mass(multiple, expected):
+    importance = {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4, 4: 4.0}  # total 5.0; budget 0.1 → mass ≤ 0.5
+    result = _Result()
+    # the 4 lowest hold 1.0, 3 hold 0.6, 2 hold 0.3, 1 holds 0.1; steps of `multiple` down from 4
+    n = within_budget([0, 1, 2, 3, 4], 4, list(importance), importance, 0.1, multiple, result)
+    assert n == expected
+    assert result.skipped == {"group cut less (max_loss)": 1}
+
+
+def test_max_loss_spares_groups_and_keeps_the_model_closer():
+    free, r_free = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False)
+    tight, r_tight = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, max_loss=0.15)
+    assert r_tight.metrics["units_pruned"] < r_free.metrics["units_pruned"]
+    assert r_tight.skipped["group cut less (max_loss)"] + r_tight.skipped.get("group kept whole (max_loss)", 0) >= 1
+    assert min_cosine(tight) > min_cosine(free)
+    same, r_same = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, max_loss=1.0)
+    assert r_same.metrics["units_pruned"] == r_free.metrics["units_pruned"]
