@@ -7,6 +7,7 @@ and thread counts are explicit arguments, never global settings.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -52,14 +53,31 @@ def make_session(
 
 
 _FLOAT_INPUTS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+# metadata key of models with integer inputs/outputs (int8 pass, io=uint8|int8): JSON
+# {"inputs": {name: [scale, zero point]}, "outputs": {name: [scale, zero point]}}
+INTEGER_IO_KEY = "onnxslim_kit.integer_io"
+
+
+def integer_io(session: ort.InferenceSession) -> dict:
+    """The integer input/output encodings a model declares (empty for ordinary models)."""
+    cached = getattr(session, "_slim_integer_io", None)
+    if cached is None:
+        text = session.get_modelmeta().custom_metadata_map.get(INTEGER_IO_KEY)
+        cached = json.loads(text) if text else {}
+        session._slim_integer_io = cached
+    return cached
 
 
 def run(session: ort.InferenceSession, sample: dict) -> dict:
     """Run one sample; returns {output name: array}. Extra keys in ``sample`` are ignored.
 
     Float arrays are cast to the float type the session declares for that input (a float16
-    model with float16 inputs runs on the same float32 samples as the original).
+    model with float16 inputs runs on the same float32 samples as the original). A model
+    with integer inputs/outputs (``INTEGER_IO_KEY``) gets float samples quantized,
+    ``q = clip(round(x / s) + z)``, and returns its outputs dequantized, ``(q − z) · s``, so
+    it compares with the float model on the same samples.
     """
+    io = integer_io(session)
     feed = {}
     for spec in session.get_inputs():
         if spec.name not in sample:
@@ -68,6 +86,15 @@ def run(session: ort.InferenceSession, sample: dict) -> dict:
         want = _FLOAT_INPUTS.get(spec.type)
         if want is not None and isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype != want:
             value = value.astype(want)
+        if spec.name in io.get("inputs", {}) and np.asarray(value).dtype.kind == "f":
+            scale, zero = io["inputs"][spec.name]
+            dtype = np.uint8 if spec.type == "tensor(uint8)" else np.int8
+            info = np.iinfo(dtype)
+            value = np.clip(np.round(np.asarray(value, np.float64) / scale) + zero, info.min, info.max).astype(dtype)
         feed[spec.name] = value
     outputs = [o.name for o in session.get_outputs()]
-    return dict(zip(outputs, session.run(outputs, feed)))
+    values = dict(zip(outputs, session.run(outputs, feed)))
+    for name, (scale, zero) in io.get("outputs", {}).items():
+        if name in values:
+            values[name] = ((values[name].astype(np.float32) - np.float32(zero)) * np.float32(scale))
+    return values

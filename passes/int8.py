@@ -31,7 +31,8 @@ Steps:
    target holds on the evaluation samples (the first ``eval_samples`` of the feed);
 9. with ``speed_check``: the int8 candidate is timed against float in ORT; not faster by
    ``speed_margin`` → the model stays float, with a note (:mod:`._quant_speed`);
-10. Q/DQ written for the chosen layers.
+10. Q/DQ written for the chosen layers; with ``io=uint8|int8``, integer model inputs and
+    outputs (:mod:`._quant_io`).
 
 Lossless limit: ``exclude=all`` leaves the graph unchanged; every layer falling back leaves
 it float (with ``smooth``, an exactly equivalent rebalanced float graph).
@@ -51,6 +52,7 @@ from . import _quant_smooth as smooth_mod
 from ._quant_cle import equalize
 from ._quant_correct import measure_twins
 from ._quant_fallback import Scorer, SharedWeights, choose_float_layers, parse_target
+from ._quant_io import make_integer_io
 from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
 from ._quant_speed import latency_ratio
 
@@ -112,6 +114,8 @@ class Int8Pass(Pass):
         "fallback_weights": Option(str, "float", "weights of layers kept float: float, or int8 behind a "
                                    "DequantizeLinear (smaller file, float compute; scored by the target "
                                    "search)", ("float", "int8")),
+        "io": Option(str, "float", "model inputs/outputs: float, or uint8 / int8 (full-integer, encodings in "
+                     "the model's metadata)", ("float", "uint8", "int8")),
         "speed_check": Option(bool, True, "time float vs int8 in ORT (optimizations on, 1 thread) and keep "
                               "the model float when int8 is not faster"),
         "speed_margin": Option(float, 0.9, "speed_check: keep int8 only when its latency ≤ this × float's"),
@@ -161,6 +165,9 @@ class Int8Pass(Pass):
         if opts["speed_check"] and enabled and not self._pays_off(model, plan, enabled, weight_only, ctx, result):
             return result
         apply_plan(model, plan, enabled, result, weight_only)
+        if opts["io"] != "float" and enabled:
+            make_integer_io(model, opts["io"], stats, lambda s: calib.clip_range(s, opts["method"], opts["percentile"]),
+                            result)
         result.metrics["layers_int8"] = len(enabled)
         result.metrics["layers_float"] = len(plan.layers) - len(enabled)
         return result
@@ -211,6 +218,8 @@ class Int8Pass(Pass):
         opts = ctx.options
         tensors = {t.name for l in layers for t in l.inputs + [l.output]}
         tensors |= {t.name for t in plan_mod.concat_inputs(layers)}
+        if opts["io"] != "float":
+            tensors |= {t.name for t in model.graph.outputs}
         names = sorted(tensors)
         collector = calib.StatsCollector(names)
         total = opts["calib_samples"] or None
