@@ -2,6 +2,7 @@
 
     python benchmarks/measure_svd_cluster.py                          # the default cases below
     python benchmarks/measure_svd_cluster.py --cases "ppocrv4_det:fuse,cluster(k=16)" --runs 10
+    python benchmarks/measure_svd_cluster.py --cases "minilm_l6:svd" --calib 32 --append
 
 For each ``model:pipeline`` case: calibration and evaluation samples from ``inputs.py`` (the
 suite's own: 16 + 16 by default, different pages/lines/faces), the pipeline run in-process
@@ -43,6 +44,7 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--eval", type=int, default=16, help="evaluation samples (default 16)")
     parser.add_argument("--runs", type=int, default=15, help="timed interleaved rounds (default 15)")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument("--append", action="store_true", help="add to today's results file instead of replacing it")
     return parser.parse_args(argv)
 
 
@@ -63,6 +65,7 @@ def measure(model: str, pipeline: str, args) -> dict:
     base, row = bench.rows
     row["size_ratio"] = row["size_bytes"] / base["size_bytes"]
     row["zlib_ratio"] = row["size_compressed_bytes"] / base["size_compressed_bytes"]
+    row["macs_ratio"] = row["macs"] / base["macs"] if base.get("macs") else None
     return {"model": model, "pipeline": pipeline, "seconds": round(seconds, 1), "row": row,
             "passes": [(p.name, p.metrics, p.notes) for p in report.passes if p.name in ("svd", "cluster", "int8")]}
 
@@ -72,7 +75,7 @@ def summary_line(result: dict) -> str:
     cosines = [d["cosine"] for d in (row.get("drift") or {}).values() if d]
     metric = row.get("metric") or {}
     return (f"| {result['model']} | `{result['pipeline']}` | {fmt(row['size_ratio'])} raw, {fmt(row['zlib_ratio'])} "
-            f"zlib | {fmt(min(cosines) if cosines else None)} | "
+            f"zlib | {fmt(row['macs_ratio'])} | {fmt(min(cosines) if cosines else None)} | "
             f"{metric.get('task', '')}: {fmt(metric.get('score'))} (orig {fmt(metric.get('score_original'))}), "
             f"agreement {fmt(metric.get('agreement'))} | {fmt(row.get('latency_ratio_vs_first'))} "
             f"(spread {fmt(row.get('latency_ratio_spread'))}) | {result['seconds']} |")
@@ -86,32 +89,39 @@ def fmt(value) -> str:
     return "" if value is None else str(value)
 
 
+def render(results: list, args, command: str, load_before: tuple, date: datetime) -> str:
+    lines = [f"# svd / cluster measurements, {date.isoformat(timespec='minutes')}", "",
+             f"Command: `{command}`",
+             f"Load average before / now: {load_before} / {os.getloadavg()} (2 shared cores: latency is noisy).",
+             (f"{args.calib} calibration / {args.eval} evaluation samples (inputs.py), ORT opt all, 1 thread, "
+              f"{args.runs} interleaved rounds."), "",
+             ("| model | pipeline | size vs original | MACs vs original | worst output cosine | task | latency ratio "
+              "| pipeline s |"),
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [summary_line(r) for r in results]
+    kept = ("size_bytes", "size_compressed_bytes", "nodes", "macs", "latency_ms")
+    for r in results:
+        row = {k: v for k, v in r["row"].items() if k in kept}
+        lines += ["", f"## {r['model']}: `{r['pipeline']}`", "", f"Row: `{row!r}`"]
+        for name, metrics, notes in r["passes"]:
+            lines += ["", f"{name}: `{metrics}`", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    load_before = os.getloadavg()
+    command = f"python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:] if argv is None else argv)}"
+    load_before, date = os.getloadavg(), datetime.now(timezone.utc)
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = args.out / f"svd_cluster-{date.date().isoformat()}.md"
+    earlier = target.read_text() + "\n" if args.append and target.exists() else ""
     results = []
     for case in args.cases:
         model, pipeline = case.split(":", 1)
         print(f"{model}: {pipeline}", flush=True)
         results.append(measure(model, pipeline, args))
         print("  " + summary_line(results[-1]), flush=True)
-    date = datetime.now(timezone.utc)
-    lines = [f"# svd / cluster measurements, {date.isoformat(timespec='minutes')}", "",
-             f"Command: `python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:] if argv is None else argv)}`",
-             f"Load average before / after: {load_before} / {os.getloadavg()} (2 shared cores: latency is noisy).",
-             (f"{args.calib} calibration / {args.eval} evaluation samples (inputs.py), ORT opt all, 1 thread, "
-              f"{args.runs} interleaved rounds."), "",
-             "| model | pipeline | size vs original | worst output cosine | task | latency ratio | pipeline s |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [summary_line(r) for r in results]
-    for r in results:
-        lines += ["", f"## {r['model']}: `{r['pipeline']}`", "", "Row: `" + repr({k: v for k, v in r["row"].items()
-                                                                              if k in ("size_bytes", "size_compressed_bytes", "nodes", "latency_ms")}) + "`"]
-        for name, metrics, notes in r["passes"]:
-            lines += ["", f"{name}: `{metrics}`", ""] + [f"- {n}" for n in notes]
-    args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"svd_cluster-{date.date().isoformat()}.md"
-    target.write_text("\n".join(lines) + "\n")
+        target.write_text(earlier + render(results, args, command, load_before, date))  # after every case
     print(target)
     return 0
 

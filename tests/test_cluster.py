@@ -240,6 +240,10 @@ def test_target_gives_the_sensitive_layer_more_centroids(rng):
     stored = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
     assert sorted(v.size for v in stored.values() if v.dtype == np.uint8) == [2048, 4096]  # 4-bit w1, uint8 w2
     assert held.metrics["bytes_after"] < 0.5 * held.metrics["bytes_before"]
+    out, floats = run_cluster(model, "cluster(k=4,k_high=4,target=0.999,channel_scale=false)")
+    assert floats.rewrites == {"MatMul weight → codebook + 4-bit indices": 1}
+    assert floats.skipped["kept float to hold the output target"] == 1
+    assert np.array_equal(next(numpy_helper.to_array(t) for t in out.graph.initializer if t.name == "w2"), w2)
 
 
 @pytest.mark.parametrize("grid,per_channel", [("tensor", False), ("channel", True)])
