@@ -106,9 +106,10 @@ class Int8Pass(Pass):
         "smooth": Option(float, 0.5, "SmoothQuant α: move activation outliers of MatMul/Gemm inputs into "
                          "the weights (0: off)"),
         "bias_correction": Option(bool, True, "shift Conv/Gemm biases by the mean output error of quantization"),
-        "sensitivity": Option(str, "hybrid", "layer ranking for the fallback: local (one run, per-layer "
+        "sensitivity": Option(str, "auto", "layer ranking for the fallback: local (one run, per-layer "
                               "error), e2e (each layer alone in int8, scored at the outputs), hybrid (local, "
-                              "then the `refine` first re-ranked end to end)", ("hybrid", "e2e", "local")),
+                              "then the `refine` first re-ranked end to end), auto (e2e when ≥ 1/4 of the "
+                              "layers are MatMul/Gemm, else hybrid)", ("auto", "hybrid", "e2e", "local")),
         "refine": Option(int, 8, "sensitivity=hybrid: layers re-scored end to end"),
         "rank_samples": Option(int, 1, "samples used to rank layers end to end (e2e, hybrid)"),
         "fallback_weights": Option(str, "float", "weights of layers kept float: float, or int8 behind a "
@@ -296,6 +297,9 @@ class Int8Pass(Pass):
 
         names = [spec.name for spec in plan.layers]
         mode = ctx.options["sensitivity"]
+        if mode == "auto":  # measured: local errors misrank transformer layers (MiniLM: all float)
+            dense = sum(spec.op in ("MatMul", "Gemm") for spec in plan.layers)
+            mode = "e2e" if 4 * dense >= len(plan.layers) else "hybrid"
         local = None if mode == "e2e" else (  # measured with the bias correction, or now
             lambda: sensitivity or measure_twins(trial_copy(model), plan, samples, correct=False)[1])
         ranker = scorer.head(max(1, ctx.options["rank_samples"]))
