@@ -333,11 +333,12 @@ def outlier_model():
     )
 
 
-@pytest.mark.parametrize("sensitivity", ["hybrid", "e2e", "local"])
+@pytest.mark.parametrize("sensitivity", ["auto", "hybrid", "e2e", "local"])
 def test_target_falls_back_sensitive_layer(sensitivity):
     model = outlier_model()
     _, loose = quantize(model, "fallback=false")
     _, rep = quantize(model, f"target=cos:0.9995,sensitivity={sensitivity}")
+    assert rep.metrics["sensitivity"] == ("hybrid" if sensitivity == "auto" else sensitivity)  # no MatMul
     assert rep.metrics["target_cos"] >= 0.9995
     assert loose.verification["outputs"]["y"]["cosine"] < 0.9995
     assert 1 <= rep.metrics["layers_float"] < 3
