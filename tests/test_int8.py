@@ -349,10 +349,12 @@ def test_fallback_layers_can_keep_int8_weights():
     # a strict target: some layer must compute in float, but per-channel int8 weights alone
     # cost far less than int8 activations
     model = conv_chain()
-    plain, _ = quantize(model, "target=cos:0.9999")
-    small, rep = quantize(model, "target=cos:0.9999,fallback_weights=int8")
+    _, loose = quantize(model, "fallback=false")
+    target = 1 - (1 - loose.verification["outputs"]["y"]["cosine"]) / 2  # half the all-int8 error
+    plain, _ = quantize(model, f"target=cos:{target}")
+    small, rep = quantize(model, f"target=cos:{target},fallback_weights=int8")
     assert rep.metrics["fallback_weights"] == "int8"
-    assert rep.metrics["target_cos"] >= 0.9999 and rep.verification["outputs"]["y"]["cosine"] >= 0.9999
+    assert rep.metrics["target_cos"] >= target and rep.verification["outputs"]["y"]["cosine"] >= target
     n_float = rep.metrics["layers_float"]
     assert n_float >= 1 and rep.rewrites["Conv→int8 weights only"] == n_float
     weights = {t.name: t for t in small.graph.initializer}
