@@ -13,8 +13,11 @@ converter, or skipped with a reason when that fails or ``upgrade_opset=false``):
     (Gemm: + Add(β·C))
 
 The numbers (blocks along K, scales, zero points, packing) are in :mod:`._int4_quant`;
-GPTQ rounding (``method=gptq``, Hessian 2XᵀX of the calibration inputs of each layer) is in
-:mod:`._int4_gptq`. With ``sequential=true`` (default) layers are quantized in rounds: a round
+GPTQ rounding (``method=gptq``, Hessian 2XᵀX of the calibration inputs of each layer;
+``act_order=true``: columns by descending diag H with static block scales) is in
+:mod:`._int4_gptq`; activation-aware scaling (``awq=true``: Y = (A·diag(1/s))·(diag(s)·W), s
+per input channel searched on the calibration Hessian, one ``Mul`` by 1/s per input tensor,
+its bytes counted with the weights) in :mod:`._int4_awq`. With ``sequential=true`` (default) layers are quantized in rounds: a round
 takes the layers no pending layer feeds, measures their inputs on the model *as quantized so
 far* (one pass over the calibration data per round), so each layer compensates the error of
 the layers before it; ``sequential=false`` takes every Hessian from the float model at once.
@@ -30,6 +33,17 @@ Conditions (each failure is a counted skip reason):
    per-column symmetric int8 via DequantizeLinear (``head=int8``, opset ≥ 13).
 
 Embeddings (Gather on a weight table) are not MatMuls and stay float.
+
+Memory (models whose weights do not fit twice): a target reads its float weight when it is
+quantized (:meth:`Target.load`, which does not cache the values in the graph's constant) and
+drops it after encoding, so the pass holds one layer's float copy (awq: the layers sharing one
+input) besides the int4 results. The whole-model copies are the core's: ``load_proto`` reads
+all external data into the ModelProto, the pipeline keeps that proto as the teacher, and
+``to_proto`` / verification / ``save_proto`` (``CopyFrom``) each build another full proto. To
+stream a model larger than memory the core would need (1) constants that read their bytes
+from the external-data file on demand (``load_external_data=False`` + lazy values), (2) a
+teacher/verifier that works from the file path, (3) a writer that streams initializers to the
+data file one at a time instead of serializing one in-memory ModelProto.
 
 Measured trade-offs (16 calibration / 16 evaluation samples of the benchmark suite, min/mean
 output cosine): ``search`` helps all-MiniLM-L6-v2 (RTN sentence embedding 0.943/0.961 →
@@ -55,13 +69,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from . import _int4_gptq, _int4_quant
+from . import _int4_awq, _int4_gptq, _int4_quant
 from ._graph import const_value, is_onnx_op, new_constant
 
 MIN_K = 16
@@ -72,11 +87,40 @@ HEAD_STOPS = ("MatMul", "Gemm", "MatMulNBits")
 
 @dataclass
 class Target:
+    """A matched layer. The float weight is read on demand (:meth:`load`) and never kept, so
+    the pass holds one layer's float copy at a time (streaming over large models)."""
+
     node: gs.Node
-    wt: np.ndarray  # [N, K] float32, α and transB folded in
+    weight: gs.Constant  # W of MatMul, B of Gemm
+    transform: tuple  # ("MatMul",) or ("Gemm", transB, α)
     bias: np.ndarray | None  # [N] or None
     dtype: np.dtype  # float32 / float16: the dtype of A, the scales and the output
-    key: tuple  # identifies (weight, transform) for reuse of a quantized weight
+    key: tuple  # identifies (weight, transform, input) for reuse of a quantized weight
+    col_scale: np.ndarray | None = None  # awq: s [K]; the layer quantizes Wt·diag(s)
+
+    def load(self) -> np.ndarray:
+        """``Wt`` [N, K] float32 (α and transB folded in, ×s with awq)."""
+        w = _read(self.weight)
+        if self.transform[0] == "MatMul":
+            wt = w.T
+        else:
+            _, trans_b, alpha = self.transform
+            wt = (w if trans_b else w.T).astype(np.float32) * np.float32(alpha)
+        wt = np.ascontiguousarray(wt, dtype=np.float32)
+        return wt if self.col_scale is None else wt * self.col_scale
+
+    @property
+    def shape(self) -> tuple:
+        """(N, K) of ``Wt``."""
+        rows, cols = self.weight.shape
+        return (rows, cols) if self.transform[0] == "Gemm" and self.transform[1] else (cols, rows)
+
+
+def _read(tensor: gs.Constant) -> np.ndarray:
+    """The constant's values without caching them in the graph (a lazily loaded initializer
+    stays unloaded: reading it does not keep a second copy of the weight alive)."""
+    lazy = getattr(tensor, "_values", None)
+    return lazy.load() if isinstance(lazy, LazyValues) else np.asarray(tensor.values)
 
 
 @register_pass
@@ -93,7 +137,12 @@ class Int4Pass(Pass):
         "search": Option(bool, False, "per-block range search: shrink the range (or use 16 signed levels) when "
                                       "that lowers the block's squared error"),
         "damp": Option(float, 0.01, "gptq dampening, as a fraction of mean(diag H)"),
-        "samples": Option(int, 32, "gptq: calibration samples for the Hessians"),
+        "awq": Option(bool, False, "activation-aware scaling: per input channel scales s (searched on the "
+                                   "calibration Hessian), weights ×s quantized, input ×1/s by a Mul"),
+        "samples": Option(int, 32, "gptq/awq: calibration samples for the Hessians"),
+        "act_order": Option(bool, False, "gptq: columns by descending Hessian diagonal (static block scales)"),
+        "threads": Option(int, 1, "gptq: BLAS threads (0: the library's default; 1 was fastest on a loaded "
+                                  "shared machine)"),
         "sequential": Option(bool, True, "gptq: Hessians from the model quantized so far, layer by layer"),
         "skip_last": Option(bool, False, "keep head layers (no other MatMul/Gemm downstream) out of int4"),
         "keep": Option(str, "", "regex: MatMul/Gemm whose node name matches stay out of int4"),
@@ -139,14 +188,16 @@ class Int4Pass(Pass):
             # GPTQ: layers whose input no unquantized layer feeds, with Hessians measured on the
             # model as quantized so far (sequential GPTQ); RTN: everything in one round.
             ready = [t for t in remaining if not _fed_by(t, remaining)] if gptq and opts["sequential"] else remaining
-            hessians = _hessians(model, ready, ctx) if gptq else {}
+            hessians = _hessians(model, ready, ctx) if gptq or opts["awq"] else {}
+            if opts["awq"]:
+                hessians = _apply_awq(model, [t for t in ready if t.key not in cache], hessians, opts, result)
             factors: dict = {}  # per input tensor: layers reading one input share H and its factor
             rounds += 1
             for target in ready:
                 if target.key not in cache:
                     qw = _quantize(target, opts, hessians.get(target.node.inputs[0].name), factors, result)
                     cache[target.key] = _encode(model, qw, target.dtype, fmt)
-                    before += target.wt.size * np.dtype(target.dtype).itemsize
+                    before += int(np.prod(target.shape)) * target.dtype.itemsize
                     after += cache[target.key][2]
                 op = target.node.op
                 if fmt == "nbits":
@@ -161,6 +212,7 @@ class Int4Pass(Pass):
                 model.commit()
         if gptq:
             result.metrics["gptq_rounds"] = rounds
+        after += result.metrics.get("awq_scale_bytes", 0)  # the Mul constants belong to the weights' cost
         if before:
             result.metrics.update(weight_bytes_before=before, weight_bytes_after=after,
                                   weight_ratio=round(after / before, 4))
@@ -191,32 +243,34 @@ def _collect_targets(model: Model, result: PassResult) -> list:
 
 def _match(node: gs.Node):
     """A :class:`Target`, or the reason the node does not apply."""
-    w = const_value(node.inputs[1]) if len(node.inputs) > 1 else None
-    if w is None or w.ndim != 2:
+    w = node.inputs[1] if len(node.inputs) > 1 else None
+    if not isinstance(w, gs.Constant) or len(w.shape) != 2:
         return "weight is not a 2-D constant"
     if w.dtype not in (np.float32, np.float16):
-        return f"weight dtype {w.dtype} (float32/float16 only)"
+        return f"weight dtype {np.dtype(w.dtype)} (float32/float16 only)"
     bias = None
     if node.op == "MatMul":
-        wt, key = w.T, (id(node.inputs[1]), "MatMul")
+        transform = ("MatMul",)
     else:
         attrs = node.attrs
         if attrs.get("transA", 0):
             return "Gemm with transA=1"
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
-        trans_b = bool(attrs.get("transB", 0))
-        wt = (w if trans_b else w.T).astype(np.float32) * np.float32(alpha)
-        key = (id(node.inputs[1]), "Gemm", trans_b, alpha)
-        if len(node.inputs) > 2 and not _is_empty(node.inputs[2]):
-            c = const_value(node.inputs[2])
-            if c is None:
-                return "Gemm bias C is not a constant"
-            if c.size not in (1, wt.shape[0]) or (c.ndim == 2 and c.shape[0] != 1) or c.ndim > 2:
-                return "Gemm bias C does not broadcast to [N]"
-            bias = np.broadcast_to(c.reshape(-1).astype(np.float32) * np.float32(beta), (wt.shape[0],)).copy()
-    if wt.shape[1] < MIN_K:
+        transform = ("Gemm", bool(attrs.get("transB", 0)), alpha)
+    key = (id(w), *transform, id(node.inputs[0]))
+    target = Target(node, w, transform, None, np.dtype(w.dtype), key)
+    n, k = target.shape
+    if node.op == "Gemm" and len(node.inputs) > 2 and not _is_empty(node.inputs[2]):
+        c = const_value(node.inputs[2])
+        if c is None:
+            return "Gemm bias C is not a constant"
+        if c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1) or c.ndim > 2:
+            return "Gemm bias C does not broadcast to [N]"
+        bias = np.broadcast_to(c.reshape(-1).astype(np.float32) * np.float32(beta), (n,)).copy()
+    if k < MIN_K:
         return f"reduction axis K < {MIN_K}"
-    return Target(node, np.ascontiguousarray(wt, dtype=np.float32), bias, w.dtype, key)
+    target.bias = bias
+    return target
 
 
 def _is_empty(tensor) -> bool:
@@ -284,7 +338,7 @@ def _hessians(model: Model, targets: list, ctx) -> dict:
     """Summed XᵀX per input tensor name of the targets, in rounds bounded by memory."""
     inputs = {}
     for t in targets:
-        inputs.setdefault(t.node.inputs[0].name, t.wt.shape[1])
+        inputs.setdefault(t.node.inputs[0].name, t.shape[1])
     graph_inputs = {t.name for t in model.graph.inputs}
     samples = ctx.feed.take(ctx.options["samples"])
     proto = model.to_proto()
@@ -297,12 +351,43 @@ def _hessians(model: Model, targets: list, ctx) -> dict:
             continue
         exposed = [n for n in batch if n not in graph_inputs]
         acts = iter_activations(proto, exposed, samples) if exposed else ({} for _ in samples)
-        for sample, values in zip(samples, acts):
-            for n in batch:
-                x = sample[n] if n in graph_inputs else values[n]
-                hessians[n] = _int4_gptq.hessian_update(hessians.get(n), x)
+        with _int4_gptq.blas_threads(ctx.options["threads"]):
+            for sample, values in zip(samples, acts):
+                for n in batch:
+                    x = sample[n] if n in graph_inputs else values[n]
+                    hessians[n] = _int4_gptq.hessian_update(hessians.get(n), x)
         batch, used = [], 0
     return hessians
+
+
+def _apply_awq(model: Model, targets: list, hessians: dict, opts: dict, result: PassResult) -> dict:
+    """Per input tensor of ``targets``: search s (:mod:`._int4_awq`), scale the weights by s, make
+    the layers read ``Mul(A, 1/s)``; returns the Hessians keyed by the (new) input names."""
+    groups: dict = {}
+    for t in targets:
+        groups.setdefault(t.node.inputs[0].name, []).append(t)
+    out = dict(hessians)
+    for name, group in groups.items():
+        xtx = hessians.get(name)
+        if xtx is None or not np.all(np.isfinite(xtx)):
+            result.skip("awq: no usable activation statistics", len(group))
+            continue
+        s, alpha, _ = _int4_awq.search_scales([t.load() for t in group], xtx, opts["block_size"], opts["symmetric"],
+                                              opts["search"])
+        result.metrics.setdefault("awq_alpha", []).append(alpha)
+        if alpha == 0:
+            continue
+        a = group[0].node.inputs[0]
+        scaled = gs.Variable(model.fresh_name("int4/awq_in"), group[0].dtype, a.shape)
+        inv = new_constant(model, "int4/awq_inv_scale", (1.0 / s).astype(group[0].dtype))
+        result.metrics["awq_scale_bytes"] = result.metrics.get("awq_scale_bytes", 0) + inv.values.nbytes
+        model.graph.nodes.append(gs.Node("Mul", model.fresh_name("int4/awq_Mul"), {}, [a, inv], [scaled]))
+        for t in group:
+            t.col_scale = s
+            t.node.inputs[0] = scaled
+        out[scaled.name] = _int4_awq.scaled_hessian(xtx, s)
+        result.rewrite("awq input scaling (Mul)")
+    return out
 
 
 def _quantize(target: Target, opts: dict, xtx, factors: dict, result: PassResult) -> _int4_quant.QuantizedWeight:
@@ -310,14 +395,15 @@ def _quantize(target: Target, opts: dict, xtx, factors: dict, result: PassResult
         name = target.node.inputs[0].name
         if name not in factors:
             try:
-                factors[name] = _int4_gptq.gptq_factor(xtx, opts["damp"]) if np.all(np.isfinite(xtx)) else None
+                factors[name] = _int4_gptq.gptq_factor(xtx, opts["damp"], opts["threads"], opts["act_order"]) if np.all(np.isfinite(xtx)) else None
             except np.linalg.LinAlgError:
                 factors[name] = None
         if factors[name] is not None:
-            return _int4_gptq.quantize_gptq(target.wt, xtx, opts["block_size"], opts["symmetric"], opts["damp"],
-                                            search=opts["search"], factor=factors[name])
+            return _int4_gptq.quantize_gptq(target.load(), xtx, opts["block_size"], opts["symmetric"], opts["damp"],
+                                            search=opts["search"], factor=factors[name],
+                                            threads=opts["threads"])
         result.skip("gptq: Hessian not usable (non-finite / not positive definite), RTN used")
-    return _int4_quant.quantize_rtn(target.wt, opts["block_size"], opts["symmetric"], opts["search"])
+    return _int4_quant.quantize_rtn(target.load(), opts["block_size"], opts["symmetric"], opts["search"])
 
 
 def _encode(model: Model, qw, dtype, fmt: str) -> tuple:
@@ -368,7 +454,7 @@ def _rewrite_qdq(model: Model, target: Target, encoded: tuple, block_size: int) 
 
 
 def _rewrite_int8(model: Model, target: Target) -> None:
-    q, scale = _int4_quant.quantize_int8_columns(target.wt.T)
+    q, scale = _int4_quant.quantize_int8_columns(target.load().T)
     deq = gs.Variable(model.fresh_name("int4/head_dq"), target.dtype, list(q.shape))
     inputs = [new_constant(model, "int4/head_q", q), new_constant(model, "int4/head_scale", scale.astype(target.dtype))]
     model.graph.nodes.append(gs.Node("DequantizeLinear", model.fresh_name("int4/DequantizeLinear"),
