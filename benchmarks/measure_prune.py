@@ -59,6 +59,7 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--name", help="results file stem (default prune-<UTC date>)")
+    parser.add_argument("--render", type=Path, help="only re-render the .md of this saved results .json")
     return parser.parse_args(argv)
 
 
@@ -179,23 +180,48 @@ def markdown(results: dict) -> str:
         lines += [f"## {record['model']}", "",
                   f"load average before / after: {record['load_before'][0]:.1f} / {record['load_after'][0]:.1f}; "
                   f"benchmark took {record['bench_seconds']} s", "",
-                  "| variant | params | MACs | latency ms | ratio vs fuse | spread | worst cosine | task | "
-                  "agreement | score | took s | meets |",
-                  "|---|---:|---:|---:|---:|---|---:|---|---:|---:|---:|:-:|"]
+                  "| variant | params | MACs | MACs vs fuse | latency ms | ratio vs fuse | spread | worst cosine | "
+                  "task | agreement | score | took s | meets |",
+                  "|---|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|:-:|"]
+        base_macs = record["rows"][0].get("macs")
         for row in record["rows"]:
             if row.get("error"):
-                lines.append(f"| {row['variant']} | error: {row['error']} |||||||||||")
+                lines.append(f"| {row['variant']} | error: {row['error']} ||||||||||||")
                 continue
             spread = row.get("latency_ratio_spread")
             lines.append(
                 f"| {row['variant']} | {_cell(row.get('params'), ',')} | {_cell(row.get('macs'), ',')} | "
+                f"{_cell(row['macs'] / base_macs if row.get('macs') and base_macs else None, '.3f')} | "
                 f"{_cell(row.get('latency_ms'), '.2f')} | {_cell(row.get('latency_ratio'), '.3f')} | "
                 f"{'—' if not spread else '[' + ', '.join(f'{s:.2f}' for s in spread) + ']'} | "
                 f"{_cell(row.get('cosine'), '.4f')} | {row.get('task') or '—'} | {_cell(row.get('agreement'), '.3f')} | "
                 f"{_cell(row.get('score'), '.3f')} | {_cell(row.get('seconds'), '')} | "
                 f"{'yes' if row.get('meets') else ''} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + summary(results))
+
+
+def summary(results: dict) -> list:
+    """Per model and tool: the fastest row that keeps fidelity (cosine ≥ 0.99 or agreement ≥ 0.98)."""
+    lines = ["## Summary: fastest variant that keeps fidelity (cosine ≥ 0.99 or agreement ≥ 0.98)", "",
+             "| model | tool | variant | MACs vs fuse | latency ratio vs fuse | worst cosine | agreement |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for record in results["models"]:
+        base_macs = record["rows"][0].get("macs")
+        for tool in ("ours", "onnxsim"):
+            ok = [r for r in record["rows"] if r["variant"].startswith(tool) and not r.get("error")
+                  and ((r.get("cosine") or 0) >= 0.99 or (r.get("agreement") or 0) >= 0.98)]
+            if not any(r["variant"].startswith(tool) for r in record["rows"]):
+                continue
+            if not ok:
+                lines.append(f"| {record['model']} | {tool} | none keeps fidelity |||||")
+                continue
+            best = min(ok, key=lambda r: (r.get("macs") or float("inf")))
+            lines.append(f"| {record['model']} | {tool} | {best['variant']} | "
+                         f"{_cell(best['macs'] / base_macs if best.get('macs') and base_macs else None, '.3f')} | "
+                         f"{_cell(best.get('latency_ratio'), '.3f')} | {_cell(best.get('cosine'), '.4f')} | "
+                         f"{_cell(best.get('agreement'), '.3f')} |")
+    return lines + ["", "Chosen by MACs (deterministic) rather than by the noisy latency ratio.", ""]
 
 
 def log(message: str) -> None:
@@ -205,6 +231,9 @@ def log(message: str) -> None:
 def main(argv: list | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     args = parse_args(given)
+    if args.render:  # re-render the markdown of a saved run
+        args.render.with_suffix(".md").write_text(markdown(json.loads(args.render.read_text())))
+        return 0
     args.ratio_list = [float(r) for r in args.ratios.split(",") if r.strip()]
     started = datetime.now(timezone.utc)
     records = []
