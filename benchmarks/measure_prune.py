@@ -34,10 +34,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import inputs
 import numpy as np
 import onnx
-
-import inputs
 import suite_report
 
 HERE = Path(__file__).resolve().parent
@@ -169,19 +168,19 @@ def _cell(value, spec: str) -> str:
 def markdown(results: dict) -> str:
     lines = [f"# prune: accuracy / speed trade-off ({results['date_utc']})", "",
              f"Command: `{results['command']}`", "",
-             "Reference of every row: the model after `fuse` (lossless). Latency ratio = median over "
-             "interleaved rounds of t / t_fuse, ORT CPU, 1 intra-op thread, graph optimizations `all`; "
-             "cosine = worst output cosine over the held-out evaluation samples; agreement = task "
-             "decisions equal to the fused model's. `meets` = ratio ≤ 1/1.3 and (cosine ≥ 0.99 or "
-             "agreement ≥ 0.98). The machine is shared (2 cores, other jobs running): latency numbers "
-             "are noisy, the spread column is [P10, P90] of the per-round ratios.", "",
+             ("Reference of every row: the model after `fuse` (lossless). Latency ratio = median over "
+              "interleaved rounds of t / t_fuse, ORT CPU, 1 intra-op thread, graph optimizations `all`; "
+              "cosine = worst output cosine over the held-out evaluation samples; agreement = task "
+              "decisions equal to the fused model's. `meets` = ratio ≤ 1/1.3 and (cosine ≥ 0.99 or "
+              "agreement ≥ 0.98). The machine is shared (2 cores, other jobs running): latency numbers "
+              "are noisy, the spread column is [P10, P90] of the per-round ratios."), "",
              f"Versions: {json.dumps(results['versions'])}", ""]
     for record in results["models"]:
         lines += [f"## {record['model']}", "",
-                  f"load average before / after: {record['load_before'][0]:.1f} / {record['load_after'][0]:.1f}; "
-                  f"benchmark took {record['bench_seconds']} s", "",
-                  "| variant | params | MACs | MACs vs fuse | latency ms | ratio vs fuse | spread | worst cosine | "
-                  "task | agreement | score | took s | meets |",
+                  (f"load average before / after: {record['load_before'][0]:.1f} / {record['load_after'][0]:.1f}; "
+                   f"benchmark took {record['bench_seconds']} s"), "",
+                  ("| variant | params | MACs | MACs vs fuse | latency ms | ratio vs fuse | spread | worst cosine | "
+                   "task | agreement | score | took s | meets |"),
                   "|---|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|:-:|"]
         base_macs = record["rows"][0].get("macs")
         for row in record["rows"]:

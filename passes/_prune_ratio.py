@@ -35,7 +35,6 @@ import math
 
 import numpy as np
 
-
 from ._prune_apply import apply
 from ._prune_importance import activation_stats, consumer_inputs, unit_costs, unit_scores
 from ._prune_latency import node_times, unit_latency

@@ -76,7 +76,7 @@ def test_mean_compensation_is_exact_for_a_constant_channel_into_conv_transpose()
              _deconv("t", "r", t_w, inits["t.b"]), helper.make_node("Relu", ["t"], ["s"]),
              _deconv("u", "s", inits["u.w"], inits["u.b"])]
     proto = build(nodes, inits, [1, 3, 8, 8], {"u": 4})
-    out, result = run_prune(proto, ratio=0.125, scope="layer", criterion="l1", multiple=1, min_channels=1,
+    out, _ = run_prune(proto, ratio=0.125, scope="layer", criterion="l1", multiple=1, min_channels=1,
                             refit=False, max_ratio=0.125)
     assert conv_weight(out, "a").shape[0] == 7  # the constant channel (L1 norm 0) is the one cut
     feeds = random_feeds(proto, 4)

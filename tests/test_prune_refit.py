@@ -141,5 +141,5 @@ def test_max_loss_spares_groups_and_keeps_the_model_closer():
     assert r_tight.metrics["units_pruned"] < r_free.metrics["units_pruned"]
     assert r_tight.skipped["group cut less (max_loss)"] + r_tight.skipped.get("group kept whole (max_loss)", 0) >= 1
     assert min_cosine(tight) > min_cosine(free)
-    same, r_same = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, max_loss=1.0)
+    _, r_same = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, max_loss=1.0)
     assert r_same.metrics["units_pruned"] == r_free.metrics["units_pruned"]
