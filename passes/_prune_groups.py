@@ -28,7 +28,8 @@ whether it was flattened. Ops either keep the layout, couple layouts, or end it:
 
 Everything else blocks the atoms it touches, with the reason kept for the report: graph
 outputs, unknown ops, use inside a subgraph, Transpose/Reshape that mix the channel axis,
-grouped (non-depthwise) Conv, shared weights at consumers, mismatched broadcasts.
+grouped (non-depthwise) Conv and ConvTranspose, shared weights at consumers, mismatched
+broadcasts.
 
 A **group** is a connected set of units (linked by a shared source, consumer or tensor);
 :meth:`ChannelGraph.describe` prints one like Torch-Pruning's ``group.details()``.

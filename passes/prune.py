@@ -8,15 +8,15 @@ Modes (chosen by the options):
   consumers' biases (:mod:`._prune_strip`, :mod:`._prune_apply`).
 * ``ratio=r`` — structured pruning: remove the fraction ``r`` of the prunable channel units with
   the lowest importance (``criterion``, default ``taylor``, :mod:`._prune_importance`; with
-  ``cost=macs`` per unit of compute, with ``cost=latency`` per millisecond of ONNX Runtime
-  time measured node by node, :mod:`._prune_latency`), per group (``scope=layer``) or ranked over the whole
-  model (``scope=global``), keeping at least ``min_channels`` and a multiple of ``multiple``
-  per group and cutting no group by more than ``max_ratio`` (:mod:`._prune_ratio`); the
-  removed channels' means move into the consumers' biases, then the consumers are re-fitted
-  by ridge least squares toward their pruned weights against the model before pruning, the
-  ridge strength chosen on held-out calibration samples (``refit``, :mod:`._prune_refit`;
-  one teacher run, truncated student runs, :mod:`._prune_student`), on ``samples``
-  calibration samples.
+  ``cost=macs`` per unit of compute, with ``cost=latency`` per millisecond of ONNX Runtime time
+  measured node by node, :mod:`._prune_latency`), per group (``scope=layer``) or ranked over
+  the whole model (``scope=global``), keeping at least ``min_channels`` and a multiple of
+  ``multiple`` per group, cutting no group by more than ``max_ratio`` nor (``max_loss``) by
+  more than a share of its importance mass (:mod:`._prune_ratio`); the removed channels'
+  means move into the consumers' biases, then the consumers are re-fitted by ridge least
+  squares toward their pruned weights against the model before pruning, the ridge strength
+  chosen on held-out calibration samples (``refit``, :mod:`._prune_refit`; one teacher run,
+  truncated student runs, :mod:`._prune_student`), on ``samples`` calibration samples.
 * ``sparsity=s`` / ``nm=N:M`` — unstructured / N:M magnitude sparsity on Conv/Gemm/MatMul
   weights (:mod:`._prune_sparsity`); the file compresses better, inference is not faster.
 
