@@ -4,7 +4,8 @@ scoring, re-fitting and verification.
 Sources (``CalibrationFeed(specs, source)``):
 
 * ``None`` — samples generated from the input spec, deterministic (seeded): float inputs
-  ~ N(0, 1), integer inputs uniform in [0, 16) (valid token ids, byte values, indices),
+  ~ N(0, 1), integer inputs uniform in [0, 16) — or [0, n) when they index a constant table
+  of n rows through Gather (token-type ids of a BERT have n = 2),
   booleans fair coin flips.
 * a ``.npz`` file — keys are input names; an array whose rank is the input's rank + 1 is a
   stack of samples along axis 0, otherwise the file is one sample.
@@ -29,6 +30,8 @@ import onnx
 from .errors import UserError
 
 DEFAULT_DYNAMIC_DIM = 64
+DEFAULT_INT_HIGH = 16
+INDEX_PASS_THROUGH = ("Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class InputSpec:
     name: str
     dtype: np.dtype
     shape: tuple  # ints, or str/None for dynamic dimensions
+    int_high: int = DEFAULT_INT_HIGH  # generated integer data is uniform in [0, int_high)
 
     @property
     def rank(self) -> int:
@@ -56,8 +60,34 @@ def input_specs(proto: onnx.ModelProto) -> list:
         shape = tuple(
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim
         )
-        specs.append(InputSpec(value.name, np.dtype(dtype), shape))
+        high = _index_bound(proto.graph, value.name) if np.dtype(dtype).kind in "iu" else None
+        specs.append(InputSpec(value.name, np.dtype(dtype), shape, min(high or DEFAULT_INT_HIGH, DEFAULT_INT_HIGH)))
     return specs
+
+
+def _index_bound(graph: onnx.GraphProto, name: str) -> int | None:
+    """Smallest table size among the constant ``Gather`` tables that ``name`` indexes
+    (directly or through Cast / Unsqueeze / Reshape …): generated ids must stay below it."""
+    tables = {t.name: t.dims for t in graph.initializer}
+    readers = {}
+    for node in graph.node:
+        for i, tensor in enumerate(node.input):
+            readers.setdefault(tensor, []).append((node, i))
+    bounds, todo, seen = [], [name], set()
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node, index in readers.get(tensor, []):
+            if node.op_type == "Gather" and index == 1 and node.input[0] in tables:
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                dims = tables[node.input[0]]
+                if dims:
+                    bounds.append(int(dims[axis]))
+            elif node.op_type in INDEX_PASS_THROUGH and index == 0:
+                todo.extend(node.output)
+    return min(bounds) if bounds else None
 
 
 def parse_input_shapes(items: Iterable[str]) -> dict:
@@ -153,7 +183,7 @@ class CalibrationFeed:
                 if kind == "f":
                     sample[spec.name] = np.asarray(rng.standard_normal(shape), dtype=spec.dtype)
                 elif kind in "iu":
-                    sample[spec.name] = np.asarray(rng.integers(0, 16, size=shape), dtype=spec.dtype)
+                    sample[spec.name] = np.asarray(rng.integers(0, spec.int_high, size=shape), dtype=spec.dtype)
                 elif kind == "b":
                     sample[spec.name] = np.asarray(rng.random(shape) < 0.5)
                 else:

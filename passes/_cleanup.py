@@ -38,6 +38,10 @@ Merges:
 14. ``Reshape(t2) ∘ R(x)`` → ``Reshape(x, t2)`` where ``R`` is a Reshape / Flatten / Squeeze
     / Unsqueeze (all keep row-major order) read by nothing else, and ``t2`` is constant with
     no 0 (or ``allowzero=1``): a 0 would copy a dim of the *intermediate* tensor.
+15. ``Unsqueeze(b) ∘ Unsqueeze(a)`` → ``Unsqueeze(c)`` when the first one has no other reader:
+    with both axis lists made non-negative, ``c = b ∪ {p(j) : j ∈ a}`` where ``p(j)`` is the
+    ``j``-th position of the final tensor that is not in ``b`` (the intermediate's axes keep
+    their order between the new dims).
 
 Shapes come from the gs tensors, completed once per run by ONNX shape inference
 (:func:`_graph.ensure_shapes`). Undecidable cases (unknown shape, runtime target) are skipped
@@ -56,6 +60,7 @@ from ._graph import (
     ensure_shapes,
     is_graph_output,
     is_onnx_op,
+    new_constant,
     shape_of,
     skip_once,
     static_shape,
@@ -565,6 +570,51 @@ def merge_reshapes(graph, model, result) -> int:
     return count
 
 
+# --- 15: Unsqueeze ∘ Unsqueeze --------------------------------------------------------------
+
+def _merged_unsqueeze_axes(a: list, b: list) -> list:
+    """Axes of one Unsqueeze equal to Unsqueeze(a) then Unsqueeze(b) (both non-negative)."""
+    new_dims = set(b)
+    kept = (p for p in range(len(a) + len(b) + max(a + b) + 1) if p not in new_dims)
+    positions = [next(kept) for _ in range(max(a) + 1)]
+    return sorted(new_dims | {positions[j] for j in a})
+
+
+def merge_unsqueezes(graph, model, result) -> int:
+    ensure_shapes(model, result)
+    count = 0
+    opset = _opset(model)
+    ids = {id(n) for n in graph.nodes}
+    for second in _nodes(graph, "Unsqueeze"):
+        mid = second.inputs[0]
+        first = mid.inputs[0] if len(mid.inputs) == 1 else None
+        if first is None or not first.outputs or id(first) not in ids or not is_onnx_op(first, "Unsqueeze"):
+            continue
+        if len(mid.outputs) != 1 or is_graph_output(mid, graph):
+            skip_once(model, result, second, "unsqueeze∘unsqueeze: intermediate tensor has other readers")
+            continue
+        a, _ = _axes(first, opset)
+        b, _ = _axes(second, opset)
+        if not a or not b:
+            skip_once(model, result, second, "unsqueeze∘unsqueeze: axes not constant")
+            continue
+        shape = shape_of(first.inputs[0])
+        mid_rank = len(shape) + len(a) if shape is not None else None
+        a = _normalized(a, mid_rank)
+        b = _normalized(b, mid_rank + len(b) if mid_rank is not None else None)
+        if a is None or b is None:
+            skip_once(model, result, second, "unsqueeze∘unsqueeze: negative axes, rank unknown")
+            continue
+        axes = _merged_unsqueeze_axes(a, b)
+        if opset < 13:
+            second.attrs["axes"] = axes
+        else:
+            second.inputs[1] = new_constant(model, "fuse/unsqueeze_axes", np.array(axes, dtype=np.int64))
+        second.inputs[0] = first.inputs[0]
+        count += 1
+    return count
+
+
 RULES = [
     ("identity removed", remove_identity),
     ("dropout removed", remove_dropout),
@@ -581,4 +631,5 @@ RULES = [
     ("x*1 / x+0 removed", remove_neutral_arithmetic),
     ("transpose∘transpose merged", merge_transposes),
     ("reshape∘reshape merged", merge_reshapes),
+    ("unsqueeze∘unsqueeze merged", merge_unsqueezes),
 ]

@@ -100,3 +100,18 @@ def test_generated_scalars_are_arrays():
     """)
     sample = CalibrationFeed(input_specs(model), None).take(1)[0]
     assert all(isinstance(v, np.ndarray) and v.shape == () for v in sample.values())
+
+
+def test_generated_ids_stay_inside_gathered_tables():
+    model = parse("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (int64[1,8] ids, int32[1,8] kind) => (float[1,8,4] y, float[1,8,4] z) <float[2,4] types = {1,2,3,4,5,6,7,8}, float[100,4] words = {0.0}> {
+      k = Cast <to = 7> (kind)
+      z = Gather (types, k)
+      y = Gather (words, ids)
+    }
+    """.replace("{0.0}", "{" + ", ".join(["0.0"] * 400) + "}"))
+    specs = {s.name: s for s in input_specs(model)}
+    assert specs["kind"].int_high == 2 and specs["ids"].int_high == 16
+    sample = CalibrationFeed(list(specs.values()), None, num_samples=1).take(1)[0]
+    assert sample["kind"].max() < 2

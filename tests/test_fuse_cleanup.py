@@ -629,3 +629,42 @@ def test_fuse_on_real_model(name):
         assert entry.verification["status"] == "ok"
         assert report.after["nodes"] < report.before["nodes"] // 2
         assert entry.rewrites["constant folded"] > 0 and entry.rewrites["identity removed"] > 0
+
+
+# --- Unsqueeze ∘ Unsqueeze -------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset,a,b,want", [
+    (13, [1], [2], [1, 2]),
+    (13, [0], [0], [0, 1]),
+    (13, [0], [1], [0, 1]),
+    (13, [2], [0], [0, 3]),
+    (13, [-1], [-3], [1, 3]),
+    (11, [1], [2], [1, 2]),
+    (11, [0, 2], [1], [0, 1, 3]),
+])
+def test_unsqueeze_pair_merged(opset, a, b, want):
+    if opset >= 13:
+        body = (f"ua = Constant <value = int64[{len(a)}] {{{', '.join(map(str, a))}}}> ()\n"
+                f"ub = Constant <value = int64[{len(b)}] {{{', '.join(map(str, b))}}}> ()\n"
+                "m = Unsqueeze(x, ua)\n u = Unsqueeze(m, ub)\n y = Relu(u)")
+    else:
+        body = f"m = Unsqueeze<axes={a}>(x)\n u = Unsqueeze<axes={b}>(m)\n y = Relu(u)"
+    rank = 2 + len(a) + len(b)
+    proto = model(body, "float[2,3] x", f"float[{','.join(['?'] * rank)}] y", opset=opset)
+    out, entry = fuse(proto)
+    assert entry.rewrites["unsqueeze∘unsqueeze merged"] == 1
+    assert ops(out)["Unsqueeze"] == 1
+    node = [n for n in out.graph.node if n.op_type == "Unsqueeze"][0]
+    if opset >= 13:
+        axes = [onnx.numpy_helper.to_array(t) for t in out.graph.initializer if t.name == node.input[1]][0]
+    else:
+        axes = [a for a in node.attribute if a.name == "axes"][0].ints
+    assert list(axes) == want
+
+
+def test_unsqueeze_pair_with_shared_middle_is_kept():
+    body = ("m = Unsqueeze<axes=[0]>(x)\n u = Unsqueeze<axes=[0]>(m)\n y = Relu(u)\n z = Relu(m)")
+    proto = model(body, "float[2,3] x", "float[1,1,2,3] y, float[1,2,3] z", opset=11)
+    out, entry = fuse(proto)
+    assert entry.skipped["unsqueeze∘unsqueeze: intermediate tensor has other readers"] == 1
+    assert ops(out)["Unsqueeze"] == 2
