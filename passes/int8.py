@@ -293,6 +293,7 @@ class Int8Pass(Pass):
         def build(chosen: set):
             trial = trial_copy(model)
             apply_plan(trial, plan, chosen, weight_only=self._weight_only(plan, chosen, int8_weights))
+            shared.strip(trial.graph)
             return trial.to_proto()  # ORT sorts the nodes itself; no commit needed
 
         names = [spec.name for spec in plan.layers]
