@@ -200,6 +200,24 @@ def apply_plan(model, plan, enabled: set, result=None, weight_only=()) -> int:
 
 
 def _quantize_weights(model, graph: gs.Graph, node: gs.Node, spec, plan) -> None:
+    """Replace ``node``'s weight (and bias) by DequantizeLinear of their integer encodings;
+    the arrays are computed once per layer and plan (``plan.encodings``), trials reuse them."""
+    key = (spec.name, spec.name in plan.bias_shift)
+    if key not in plan.encodings:
+        plan.encodings[key] = _encode_weights(node, spec, plan)
+    wq, scales, axis, zero, bias = plan.encodings[key]
+    node.inputs[spec.weight_index] = dequantize_constant(model, graph, wq, scales, axis, "w", zero=zero)
+    if bias is not None:
+        bq, bscale = bias
+        b_dq = dequantize_constant(model, graph, bq, bscale, 0 if np.ndim(bscale) == 1 else None, "b")
+        if spec.bias_index is not None and spec.bias_index < len(node.inputs):
+            node.inputs[spec.bias_index] = b_dq
+        else:
+            node.inputs.append(b_dq)
+
+
+def _encode_weights(node: gs.Node, spec, plan) -> tuple:
+    """(weight q, scales, axis, zero point or None, (bias q, bias scales) or None)."""
     w = np.asarray(node.inputs[spec.weight_index].values)
     axis = spec.weight_axis if plan.per_channel else None
     scales = weight_scales(w, axis)
@@ -207,26 +225,17 @@ def _quantize_weights(model, graph: gs.Graph, node: gs.Node, spec, plan) -> None
         scale, zero = plan.params[spec.output]
         info = np.iinfo(np.asarray(zero).dtype)
         q = np.clip(np.round(w.astype(np.float64) / float(scale)) + int(zero), info.min, info.max)
-        node.inputs[spec.weight_index] = dequantize_constant(
-            model, graph, q.astype(np.asarray(zero).dtype), scale, None, "w", zero=zero)
-        return
+        return q.astype(np.asarray(zero).dtype), scale, None, zero, None
     x_scale = float(plan.params[spec.inputs[0]][0])
     has_bias = spec.bias_index is not None and spec.bias_index < len(node.inputs)
     shift = plan.bias_shift.get(spec.name)
-    bias = None
-    if has_bias or shift is not None:
-        n = w.shape[spec.weight_axis]
-        bias = np.asarray(node.inputs[spec.bias_index].values, dtype=np.float32) if has_bias else np.zeros(n, np.float32)
-        bias = bias.reshape(n) if bias.size == n else np.broadcast_to(bias, (n,)).copy()
-        bias = bias + shift if shift is not None else bias
-        scales = fit_bias(bias, x_scale, scales) if axis is not None else np.float32(
-            max(float(scales), float(np.abs(bias).max(initial=0.0)) / (x_scale * INT32_MAX)))
-    node.inputs[spec.weight_index] = dequantize_constant(
-        model, graph, quantize_weight(w, np.asarray(scales), axis), scales, axis, "w")
-    if bias is not None:
-        bq, bscale = quantize_bias(bias, x_scale, np.asarray(scales))
-        b_dq = dequantize_constant(model, graph, bq, bscale, 0 if np.ndim(bscale) == 1 else None, "b")
-        if has_bias:
-            node.inputs[spec.bias_index] = b_dq
-        else:
-            node.inputs.append(b_dq)
+    if not has_bias and shift is None:
+        return quantize_weight(w, np.asarray(scales), axis), scales, axis, None, None
+    n = w.shape[spec.weight_axis]
+    bias = np.asarray(node.inputs[spec.bias_index].values, dtype=np.float32) if has_bias else np.zeros(n, np.float32)
+    bias = bias.reshape(n) if bias.size == n else np.broadcast_to(bias, (n,)).copy()
+    bias = bias + shift if shift is not None else bias
+    scales = fit_bias(bias, x_scale, scales) if axis is not None else np.float32(
+        max(float(scales), float(np.abs(bias).max(initial=0.0)) / (x_scale * INT32_MAX)))
+    return (quantize_weight(w, np.asarray(scales), axis), scales, axis, None,
+            quantize_bias(bias, x_scale, np.asarray(scales)))

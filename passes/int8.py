@@ -86,6 +86,7 @@ class Plan:
     params: dict          # tensor name -> (scale, zero point)
     per_channel: bool
     bias_shift: dict = field(default_factory=dict)  # layer name -> bias correction vector
+    encodings: dict = field(default_factory=dict)   # (layer, corrected) -> integer weights (_quant_qdq)
 
 
 @register_pass
