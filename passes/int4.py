@@ -45,12 +45,16 @@ from the external-data file on demand (``load_external_data=False`` + lazy value
 teacher/verifier that works from the file path, (3) a writer that streams initializers to the
 data file one at a time instead of serializing one in-memory ModelProto.
 
-Measured trade-offs (16 calibration / 16 evaluation samples of the benchmark suite, min/mean
-output cosine): ``search`` helps all-MiniLM-L6-v2 (RTN sentence embedding 0.943/0.961 →
-0.963/0.972) but hurts PP-OCRv4 rec (0.997/0.999 → 0.971/0.996: clipping its outlier weights
-costs more than finer steps gain), so it is off by default. GPTQ ``damp``: 0.01 (the paper's)
-is better on rec, 0.1 on MiniLM, whose 16 × 32 calibration tokens leave H rank-deficient for
-K = 1536.
+Measured (``benchmarks/measure_fp16_int4.py``, results/fp16_int4-2026-11-29.md; worst-sample
+output cosine on held-out samples; MiniLM calibrated on 16 + 64 sentences, evaluated on 32
+others): all-MiniLM-L6-v2 sentence embedding — RTN 0.942, awq 0.954, GPTQ (one round) 0.978,
+GPTQ act_order asym block 64 0.979 (0.143× weights), GPTQ act_order+awq damp 0.1 0.979;
+ONNX Runtime's MatMulNBitsQuantizer RTN 0.954/0.945, GPTQ 0.925 — the 0.98 target is not
+reached. PP-OCRv4 rec: RTN 0.997, sequential GPTQ 0.997, one-round GPTQ 0.979 and awq 0.898
+(the α chosen on 16 calibration lines does not carry over), so ``awq`` and ``act_order`` are
+off by default. ``search`` helps MiniLM RTN (0.943 → 0.963) but hurts rec (0.997 → 0.971).
+GPTQ ``damp``: 0.01 (the paper's) is better on rec, 0.1 on MiniLM with few calibration
+sentences (H is rank-deficient for K = 1536).
 ``format=auto`` = ``nbits`` with ``accuracy_level=4`` — the fastest here. Measured on
 all-MiniLM-L6-v2 (ONNX Runtime 1.32 CPU, 1 thread, graph optimisations on, median of paired
 interleaved runs vs float32): MatMulNBits accuracy_level 0 (float compute) 1.04×, level 4
