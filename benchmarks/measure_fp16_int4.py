@@ -60,7 +60,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--eval", type=int, default=16, help="evaluation samples (default 16; MiniLM: 32)")
     parser.add_argument("--runs", type=int, default=15, help="timed interleaved rounds (default 15)")
     parser.add_argument("--stream-mb", type=int, default=256, help="weights of the streaming model (default 256)")
+    parser.add_argument("--no-ort", action="store_true", help="int4: skip ONNX Runtime's quantizers")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument("--name", help="results file stem (default fp16_int4-<UTC date>)")
     return parser.parse_args(argv)
 
 
@@ -232,7 +234,7 @@ def section_int4(args) -> list:
                 variants[key], seconds[key], notes[key] = run_ours(original, spec, data.calib)
             except Exception as exc:  # noqa: BLE001 - a failing variant is a row
                 lines.append(f"| {name} | {key} | failed: {type(exc).__name__}: {exc} |")
-        for kind in ("rtn_cpp", "rtn", "gptq"):
+        for kind in () if args.no_ort else ("rtn_cpp", "rtn", "gptq"):
             key = f"ORT MatMulNBitsQuantizer {kind}"
             try:
                 variants[key], seconds[key] = run_ort_quantizer(original, kind, data.calib)
@@ -316,7 +318,7 @@ def main(argv: list | None = None) -> int:
     args = parse_args(argv)
     date = datetime.now(timezone.utc)
     args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"fp16_int4-{date.date().isoformat()}.md"
+    target = args.out / f"{args.name or 'fp16_int4-' + date.date().isoformat()}.md"
     import onnxruntime
 
     head = [f"# fp16 / int4 measurements, {date.isoformat(timespec='minutes')}", "",
