@@ -261,6 +261,7 @@ def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) 
                 all_tensors_to_one_file=True, location=data_name, size_threshold=1024,
             )
             if (tmpdir / data_name).exists():  # absent when every tensor is under the size threshold
+                _retire_previous(path, tmpdir)
                 os.replace(tmpdir / data_name, path.parent / data_name)
         else:
             with open(tmp_model, "wb") as fh:
@@ -272,6 +273,18 @@ def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) 
         if tmpdir.exists():
             tmpdir.rmdir()
     return path
+
+
+def _retire_previous(path: Path, tmpdir: Path) -> None:
+    """Move an existing output model out of the way before its data file is replaced.
+
+    The model and its ``.data`` file cannot be renamed together; replacing the data first
+    would, for a moment, pair the old model with the new weights. With the old model moved
+    aside (into the temporary folder, removed at the end), an interruption leaves no model
+    under the output name rather than a mismatched pair.
+    """
+    if path.exists():
+        os.replace(path, tmpdir / (".previous-" + path.name))
 
 
 def model_size_bytes(proto: onnx.ModelProto) -> int:

@@ -145,3 +145,37 @@ def test_constants_read_by_two_subgraphs_are_written_once():
     onnx.checker.check_model(out, full_check=True)
     assert out.ByteSize() < proto.ByteSize() + 200  # one copy of w, not three
     assert [t.name for t in out.graph.initializer] == ["w"]
+
+
+def _big_model(value: float) -> onnx.ModelProto:
+    return onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Add", ["x", "w"], ["y"])], "g",
+            [onnx.helper.make_tensor_value_info("x", 1, [4096])],
+            [onnx.helper.make_tensor_value_info("y", 1, [4096])],
+            [onnx.numpy_helper.from_array(np.full(4096, value, np.float32), "w")],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 13)],
+    )
+
+
+def test_external_data_rewrite_never_pairs_old_model_with_new_data(tmp_path, monkeypatch):
+    import onnxslim_kit.model as model_mod
+
+    out = tmp_path / "o.onnx"
+    save_proto(_big_model(1.0), out, external_data=True)
+    real_replace = model_mod.os.replace
+
+    def interrupted_after_data(src, dst):
+        real_replace(src, dst)
+        if str(dst).endswith(".data"):
+            raise KeyboardInterrupt  # the process dies between the two renames
+
+    monkeypatch.setattr(model_mod.os, "replace", interrupted_after_data)
+    with pytest.raises(KeyboardInterrupt):
+        save_proto(_big_model(2.0), out, external_data=True)
+    monkeypatch.undo()
+    assert not out.exists()  # no model under the output name, rather than old model + new weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.onnx.data"]
+    save_proto(_big_model(3.0), out, external_data=True)
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(load_proto(out).graph.initializer[0]), 3.0)
