@@ -226,7 +226,10 @@ def run_pipeline(
     report = Report(load_notes=list(model.load_notes))
     held_out = eval_feed is not None
     verifier = Verifier(original, (eval_feed if held_out else feed).take(verify_samples), rtol=rtol) if verify else None
-    report.verified_on = "held-out evaluation samples" if held_out else "calibration samples"
+    if held_out:
+        report.verified_on = "held-out evaluation samples"
+    else:
+        report.verified_on = "generated random samples" if getattr(feed, "generated", False) else "calibration samples"
     if verifier is not None:
         report.original_check = verifier.original_check
     report.before = model_stats(original)

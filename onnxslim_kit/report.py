@@ -182,6 +182,10 @@ def render_table(report: Report) -> str:
     if lossy and report.verified_on == "calibration samples":
         lines.append(f"note: drift of {', '.join(lossy)} measured on the calibration samples the passes saw; "
                      "pass --eval for held-out samples")
+    elif lossy and report.verified_on == "generated random samples":
+        lines.append(f"note: {', '.join(lossy)} calibrated and verified on generated random inputs, which say "
+                     "little about accuracy on real data (top-1 of a classifier least of all); "
+                     "pass --calib and --eval with real samples")
     for note in report.load_notes:
         lines.append(f"load: {note}")
     if report.original_check:

@@ -132,3 +132,11 @@ def test_held_out_evaluation_samples_are_used_for_verification():
     cos_calib = on_calib.passes[0].verification["outputs"]["y"]["cosine"]
     cos_eval = on_eval.passes[0].verification["outputs"]["y"]["cosine"]
     assert cos_calib == pytest.approx(1.0) and cos_eval < 0.999
+
+
+def test_lossy_pass_on_generated_data_says_so():
+    _, report = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=true)")
+    assert report.verified_on == "generated random samples"
+    assert "generated random inputs" in report.table()
+    _, lossless = onnxslim_kit.optimize(parse(MODEL), "fuse")
+    assert "generated random inputs" not in lossless.table()
