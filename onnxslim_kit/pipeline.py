@@ -232,11 +232,10 @@ def run_pipeline(
         report.verified_on = "generated random samples" if getattr(feed, "generated", False) else "calibration samples"
     if verifier is not None:
         report.original_check = verifier.original_check
-    report.before = model_stats(original)
+    good_stats = report.before = model_stats(original)
     last_good = original
     for instance, options in resolved:
         lossless = instance.is_lossless(options)
-        before = model_stats(last_good)
         log(f"{instance.name}: running")
         start = time.perf_counter()
         ctx = PassContext(options=options, feed=feed, original=original, progress=progress, log=log)
@@ -247,7 +246,7 @@ def run_pipeline(
         entry = PassReport(
             name=instance.name, options=options, lossless=lossless, modified=result.modified,
             rewrites=dict(result.rewrites), skipped=dict(result.skipped), notes=list(result.notes),
-            metrics=dict(result.metrics), seconds=round(elapsed, 3), before=before,
+            metrics=dict(result.metrics), seconds=round(elapsed, 3), before=good_stats,
         )
         if result.modified and verifier is not None:
             log(f"{instance.name}: verifying against the original with ONNX Runtime")
@@ -256,14 +255,14 @@ def run_pipeline(
             if check.status == "invalid" or (lossless and check.status == "failed"):
                 entry.rolled_back = True
                 model = Model.from_proto(last_good)
-                candidate = last_good
-                report.passes.append(entry.finish(model_stats(candidate)))
+                report.passes.append(entry.finish(good_stats))
                 if strict:
                     raise VerificationError(
                         f"pass {instance.name!r} changed the outputs ({check.summary()}); rolled back"
                     )
                 continue
-        report.passes.append(entry.finish(model_stats(candidate)))
+        good_stats = model_stats(candidate)
+        report.passes.append(entry.finish(good_stats))
         last_good = candidate
-    report.after = model_stats(last_good)
+    report.after = good_stats
     return last_good, report

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
-from conftest import parse, run_ort
+from conftest import run_ort
 from onnx import numpy_helper
 
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
