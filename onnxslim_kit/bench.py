@@ -75,7 +75,7 @@ from .errors import UserError
 from .metrics import compare, merge
 from .model import load_proto, save_proto
 from .report import _json_default, model_stats
-from .runtime import OPT_LEVELS, make_session, run
+from .runtime import OPT_LEVELS, make_session, prepare_feed, run
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider",
@@ -395,8 +395,7 @@ def _run_group(entries, feeds, provider, threads, opt_level, runs, warmup, metri
     active = sorted(sessions)
     runners = []
     for m in active:
-        names = [i.name for i in sessions[m].get_inputs()]
-        model_feeds = [{n: f[n] for n in names if n in f} for f in feeds]
+        model_feeds = [prepare_feed(sessions[m], f) for f in feeds]  # integer-I/O models get their integers
         runners.append(lambda r, s=sessions[m], mf=model_feeds: s.run(None, mf[r % len(mf)]))
     times = dict(zip(active, timed_rounds(runners, runs, warmup, progress, f"{short_name(provider)} ×{threads}")))
     batch = rows[0]["batch"]

@@ -68,14 +68,13 @@ def integer_io(session: ort.InferenceSession) -> dict:
     return cached
 
 
-def run(session: ort.InferenceSession, sample: dict) -> dict:
-    """Run one sample; returns {output name: array}. Extra keys in ``sample`` are ignored.
+def prepare_feed(session: ort.InferenceSession, sample: dict) -> dict:
+    """The feed ``session.run`` accepts for one sample; extra keys in ``sample`` are ignored.
 
     Float arrays are cast to the float type the session declares for that input (a float16
     model with float16 inputs runs on the same float32 samples as the original). A model
-    with integer inputs/outputs (``INTEGER_IO_KEY``) gets float samples quantized,
-    ``q = clip(round(x / s) + z)``, and returns its outputs dequantized, ``(q − z) · s``, so
-    it compares with the float model on the same samples.
+    with integer inputs (``INTEGER_IO_KEY``) gets float samples quantized,
+    ``q = clip(round(x / s) + z)``.
     """
     io = integer_io(session)
     feed = {}
@@ -92,6 +91,17 @@ def run(session: ort.InferenceSession, sample: dict) -> dict:
             info = np.iinfo(dtype)
             value = np.clip(np.round(np.asarray(value, np.float64) / scale) + zero, info.min, info.max).astype(dtype)
         feed[spec.name] = value
+    return feed
+
+
+def run(session: ort.InferenceSession, sample: dict) -> dict:
+    """Run one sample (prepared by :func:`prepare_feed`); returns {output name: array}.
+
+    A model with integer outputs (``INTEGER_IO_KEY``) returns them dequantized,
+    ``(q − z) · s``, so it compares with the float model on the same samples.
+    """
+    io = integer_io(session)
+    feed = prepare_feed(session, sample)
     outputs = [o.name for o in session.get_outputs()]
     values = dict(zip(outputs, session.run(outputs, feed)))
     for name, (scale, zero) in io.get("outputs", {}).items():

@@ -52,3 +52,19 @@ def test_input_read_by_a_float_layer_stays_float():
     assert rep.skipped["io: input kept float (its readers stay float)"] == 1
     assert out.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     assert out.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+
+
+def test_bench_times_integer_io_model_with_its_integers(tmp_path):
+    """bench feeds an integer-input model quantized samples (not floats) and compares its
+    dequantized outputs with the float model's."""
+    from onnxslim_kit import bench
+    from onnxslim_kit.calibration import CalibrationFeed, input_specs
+
+    model = conv_chain()
+    out, _ = quantize(model, "target=none,io=uint8")
+    samples = CalibrationFeed(input_specs(model), None, num_samples=3).take(3)
+    report = bench.benchmark([model, out], samples, names=["float", "uint8"], runs=3, warmup=1, memory=True)
+    float_row, int_row = report.rows
+    assert int_row["error"] is None and int_row["latency_ms"]["median"] > 0
+    assert int_row["drift"]["y"]["cosine"] > 0.99
+    assert "child failed" not in int_row["memory_method"]
