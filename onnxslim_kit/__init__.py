@@ -66,7 +66,7 @@ def optimize(
     """
     if isinstance(model, (str, Path)):
         input_path = str(model)
-        proto = load_proto(model)
+        proto = load_proto(model, lazy=True)  # weights in external data stay on disk
     elif isinstance(model, onnx.ModelProto):
         input_path = None
         proto = model

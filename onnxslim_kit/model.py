@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 
 from .errors import UserError
 from .scopes import share_subgraph_constants
+from .streaming import anchor_external_data, external_bytes, has_anchored, map_constants, unmap_constants, write_external
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -38,8 +39,11 @@ PROTOBUF_LIMIT = 2**31 - 1
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # leave headroom under the 2 GB protobuf limit
 
 
-def load_proto(path: str | os.PathLike) -> onnx.ModelProto:
-    """Read an ONNX file (with its external data) or raise a :class:`UserError` saying why not."""
+def load_proto(path: str | os.PathLike, lazy: bool = False) -> onnx.ModelProto:
+    """Read an ONNX file (with its external data) or raise a :class:`UserError` saying why not.
+
+    ``lazy=True``: a model with external data keeps its weights on disk — its external tensors
+    point at their files by absolute path and are read on demand (:mod:`.streaming`)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file")
@@ -51,7 +55,10 @@ def load_proto(path: str | os.PathLike) -> onnx.ModelProto:
         raise UserError(f"{path}: not a readable ONNX model ({_short(exc)})") from None
     _check_is_model(proto, path)
     try:
-        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+        if lazy:
+            anchor_external_data(proto, path.parent)
+        else:
+            onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
     except (OSError, onnx.checker.ValidationError) as exc:
         raise UserError(f"{path}: external data missing or unreadable ({_short(exc)})") from None
     return proto
@@ -112,6 +119,8 @@ class Model:
             producer_version=proto.producer_version,
             metadata_props={p.key: p.value for p in proto.metadata_props},
         )
+        for g in model.all_graphs():
+            map_constants(g)  # weights left on disk (load_proto(lazy=True)) are read as file maps
         n_const = model._constant_nodes_to_tensors()
         if n_const:
             model.load_notes.append(f"{n_const} Constant nodes turned into initializers")
@@ -125,6 +134,8 @@ class Model:
         return cls.from_proto(load_proto(path))
 
     def to_proto(self) -> onnx.ModelProto:
+        for g in self.all_graphs():
+            unmap_constants(g)  # unchanged weights on disk are exported as references, not bytes
         proto = gs.export_onnx(self.graph, do_type_check=False)
         share_subgraph_constants(proto.graph)
         proto.ir_version = max(self.ir_version, _min_ir_version(proto), _ir_for_initializers(proto))
@@ -244,23 +255,19 @@ def needs_external_data(proto: onnx.ModelProto) -> bool:
 
 
 def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) -> Path:
-    """Write ``proto`` to ``path`` atomically; external data when asked or when over 2 GB."""
+    """Write ``proto`` to ``path`` atomically; external data when asked, when over 2 GB, or when
+    the proto still refers to weights on disk (``load_proto(lazy=True)``): those are copied to
+    the new data file tensor by tensor (:func:`.streaming.write_external`), never all in memory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if external_data is None:
-        external_data = needs_external_data(proto)
+        external_data = needs_external_data(proto) or has_anchored(proto)
     tmpdir = Path(tempfile.mkdtemp(prefix=".slim-", dir=path.parent))
     try:
         tmp_model = tmpdir / path.name
         if external_data:
             data_name = path.name + ".data"
-            detached = onnx.ModelProto()
-            detached.CopyFrom(proto)  # saving with external data rewrites the tensors it moves
-            onnx.save_model(
-                detached, str(tmp_model), save_as_external_data=True,
-                all_tensors_to_one_file=True, location=data_name, size_threshold=1024,
-            )
-            if (tmpdir / data_name).exists():  # absent when every tensor is under the size threshold
+            if write_external(proto, tmp_model, data_name):  # no data file when every tensor is small
                 _retire_previous(path, tmpdir)
                 os.replace(tmpdir / data_name, path.parent / data_name)
         else:
@@ -289,4 +296,4 @@ def _retire_previous(path: Path, tmpdir: Path) -> None:
 
 def model_size_bytes(proto: onnx.ModelProto) -> int:
     """Bytes the model takes on disk (protobuf plus weights, however they are stored)."""
-    return proto.ByteSize()
+    return proto.ByteSize() + external_bytes(proto)

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
+from .model import model_size_bytes
+
 
 def _graphs(graph: onnx.GraphProto):
     yield graph
@@ -41,7 +43,7 @@ def model_stats(proto: onnx.ModelProto) -> dict:
         "nodes": sum(ops.values()),
         "ops": dict(sorted(ops.items())),
         "params": params,
-        "bytes": proto.ByteSize(),
+        "bytes": model_size_bytes(proto),  # weights left in external data files included
     }
 
 

@@ -1,21 +1,20 @@
 """ONNX Runtime sessions for verification, calibration and benchmarking.
 
-One place decides how a ModelProto becomes a session: in memory when it serializes under
-2 GB, through a temporary folder with external data otherwise; graph optimisation level
-and thread counts are explicit arguments, never global settings.
+One place decides how a ModelProto becomes a session: a skeleton proto plus the weights
+handed over as arrays (never serialized, any size); graph optimisation level and thread
+counts are explicit arguments, never global settings.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .model import needs_external_data, save_proto
+from .streaming import copy_fields, is_anchored, relocate_anchored, tensor_array, tensor_nbytes
 
 OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -40,16 +39,62 @@ def make_session(
     threads: int = 0,
     providers: list | None = None,
 ) -> ort.InferenceSession:
-    """A session for a proto or a file path (models over 2 GB go through a temp folder)."""
+    """A session for a proto or a file path.
+
+    A proto's large main-graph initializers are not serialized: ORT gets a skeleton proto
+    (those tensors as external-data stubs) and the weights as arrays through
+    ``add_external_initializers``, which it uses without copying (see :func:`split_weights`).
+    Serializing would hold the weights three times at once (Python bytes, ORT's parsed proto,
+    ORT's tensors); this holds them once (MiniLM: −170 MB per session).
+    """
     so = session_options(opt_level, threads)
     providers = providers or ["CPUExecutionProvider"]
     if isinstance(model, (str, Path)):
         return ort.InferenceSession(str(model), so, providers=providers)
-    if not needs_external_data(model):
-        return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
-    with tempfile.TemporaryDirectory(prefix="slim-ort-") as tmp:
-        path = save_proto(model, Path(tmp) / "model.onnx", external_data=True)
-        return ort.InferenceSession(str(path), so, providers=providers)
+    skeleton, names, arrays, folder = split_weights(model)
+    if folder is not None:  # weights left on disk: ORT maps them from their files itself
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+    if names:
+        so.add_external_initializers(names, values)
+    session = ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
+    session._slim_weights = (arrays, values)  # kept alive with the session (ORT is handed the buffers)
+    return session
+
+
+SPLIT_MIN_BYTES = 1024
+_NUMPY_TYPES = {getattr(onnx.TensorProto, n): np.dtype(d) for n, d in (
+    ("FLOAT", np.float32), ("FLOAT16", np.float16), ("DOUBLE", np.float64), ("INT8", np.int8),
+    ("UINT8", np.uint8), ("INT16", np.int16), ("UINT16", np.uint16), ("INT32", np.int32),
+    ("UINT32", np.uint32), ("INT64", np.int64), ("UINT64", np.uint64), ("BOOL", np.bool_))}
+
+
+def split_weights(proto: onnx.ModelProto) -> tuple:
+    """(skeleton, names, arrays, folder): a copy of ``proto`` whose large in-memory main-graph
+    initializers are in-memory external-data stubs, their names and values; tensors left on
+    disk (anchored, :mod:`onnxslim_kit.streaming`) keep pointing at their files, relative to
+    ``folder`` (None when there are none), for ORT to map.
+
+    The skeleton is built field by field, never copying the initializers it replaces.
+    Initializers that are also graph inputs (overridable at run time), and types numpy cannot
+    hold exactly, are copied as they are.
+    """
+    skeleton = onnx.ModelProto()
+    copy_fields(proto, skeleton, skip=("graph",))
+    copy_fields(proto.graph, skeleton.graph, skip=("initializer",))
+    inputs = {i.name for i in proto.graph.input}
+    names, arrays = [], []
+    for init in proto.graph.initializer:
+        dtype = _NUMPY_TYPES.get(init.data_type)
+        if is_anchored(init) or dtype is None or init.name in inputs or tensor_nbytes(init) < SPLIT_MIN_BYTES:
+            skeleton.graph.initializer.append(init)
+            continue
+        stub = skeleton.graph.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        stub.external_data.add(key="location", value="in-memory")
+        names.append(init.name)
+        arrays.append(tensor_array(init))
+    return skeleton, names, arrays, relocate_anchored(skeleton)
 
 
 _FLOAT_INPUTS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}

@@ -1,0 +1,268 @@
+"""Weights that stay on disk: models whose tensors live in external data.
+
+A model saved with external data is loaded without its weights (``load_proto(path,
+lazy=True)``): every external tensor's location is rewritten to the absolute path of its data
+file (checked to exist and to hold ``offset + length`` bytes) — an *anchored* tensor. From
+there on no whole-model copy of the weights is made:
+
+1. :class:`MappedValues` — the graph's constants read an anchored tensor as a read-only
+   ``np.memmap`` of its bytes (file pages, shared with the page cache, nothing copied); a
+   pass that reads a weight touches that weight only;
+2. ``Model.to_proto`` exports an unchanged mapped constant as its anchored stub again
+   (:func:`unmap_constants`), so a proto of a model larger than memory stays small;
+3. ONNX Runtime sessions (:func:`onnxslim_kit.runtime.make_session`) get anchored tensors as
+   mapped arrays through ``add_external_initializers`` (ORT uses the buffer, no copy);
+4. :func:`write_external` writes the output tensor by tensor: anchored tensors are copied
+   from their source file in chunks, in-memory ones one at a time — the output's data file
+   grows incrementally, no serialized copy of the model is ever built.
+
+The input files are only ever opened for reading.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+COPY_CHUNK = 64 << 20
+ALIGN_FROM = 1 << 20
+
+
+def has_external_data(proto: onnx.ModelProto) -> bool:
+    return any(uses_external_data(t) for t in _get_all_tensors(proto))
+
+
+def anchor_external_data(proto: onnx.ModelProto, base_dir) -> int:
+    """Point every external tensor at the absolute path of its data file; returns the number of
+    tensors. Raises ``OSError`` when a file is missing or shorter than a tensor's extent."""
+    base_dir = Path(base_dir).resolve()
+    sizes: dict = {}
+    count = 0
+    for tensor in _get_all_tensors(proto):
+        if not uses_external_data(tensor):
+            continue
+        info = ExternalDataInfo(tensor)
+        if os.path.isabs(info.location) or ".." in Path(info.location).parts:
+            raise OSError(f"tensor {tensor.name!r}: external data location {info.location!r} leaves the model folder")
+        target = base_dir / info.location
+        if target not in sizes:
+            if not target.is_file():
+                raise OSError(f"tensor {tensor.name!r}: {target} does not exist")
+            sizes[target] = target.stat().st_size
+        length = info.length if info.length else tensor_nbytes(tensor)
+        if length is None or (info.offset or 0) + length > sizes[target]:
+            raise OSError(f"tensor {tensor.name!r}: {target} is shorter than the tensor's extent")
+        _set_location(tensor, str(target), info.offset or 0, length)
+        count += 1
+    return count
+
+
+def is_anchored(tensor: onnx.TensorProto) -> bool:
+    if not uses_external_data(tensor):
+        return False
+    return os.path.isabs(ExternalDataInfo(tensor).location)
+
+
+def has_anchored(proto: onnx.ModelProto) -> bool:
+    return any(is_anchored(t) for t in _get_all_tensors(proto))
+
+
+def relative_copy(proto: onnx.ModelProto) -> tuple:
+    """(copy, folder): a copy of ``proto`` whose anchored tensors name their data files relative
+    to ``folder`` (see :func:`relocate_anchored`). Cheap: the anchored bytes are not in the proto."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    return out, relocate_anchored(out)
+
+
+def relocate_anchored(proto: onnx.ModelProto) -> str | None:
+    """Make ``proto``'s anchored tensors name their data files relative to their common folder,
+    which is returned (None: no anchored tensor) — the form the onnx checker (run from that
+    folder) and ONNX Runtime (``session.model_external_initializers_file_folder_path``) read."""
+    anchored = [t for t in _get_all_tensors(proto) if is_anchored(t)]
+    if not anchored:
+        return None
+    folder = os.path.commonpath([os.path.dirname(ExternalDataInfo(t).location) for t in anchored])
+    for tensor in anchored:
+        info = ExternalDataInfo(tensor)
+        _set_location(tensor, os.path.relpath(info.location, folder), info.offset or 0, info.length or 0)
+    return folder
+
+
+def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """The tensor's values as a contiguous array: a read-only map of the file for an anchored
+    tensor, a copy of the bytes otherwise."""
+    if is_anchored(tensor):
+        info = ExternalDataInfo(tensor)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        shape = tuple(tensor.dims)
+        if int(np.prod(shape, dtype=np.int64)) == 0:
+            return np.zeros(shape, dtype)
+        return np.memmap(info.location, dtype=dtype, mode="r", offset=info.offset or 0, shape=shape)
+    return np.ascontiguousarray(numpy_helper.to_array(tensor))
+
+
+class MappedValues(LazyValues):
+    """Lazy values of a constant whose bytes stay in an external-data file (see module doc)."""
+
+    def load(self):
+        array = tensor_array(self.tensor)
+        if isinstance(array, np.memmap):
+            array._slim_source = self.tensor  # lets unmap_constants export the stub again
+        return array
+
+
+def map_constants(graph) -> int:
+    """Give the graph's constants over anchored tensors :class:`MappedValues`; returns the count."""
+    count = 0
+    for tensor in graph.tensors().values():
+        lazy = getattr(tensor, "_values", None)
+        if type(lazy) is LazyValues and isinstance(lazy.tensor, onnx.TensorProto) and is_anchored(lazy.tensor):
+            tensor._values = MappedValues(lazy.tensor)
+            tensor.data_location = None  # else gs marks a new value of this constant EXTERNAL on export
+            count += 1
+    return count
+
+
+def unmap_constants(graph) -> None:
+    """Constants still holding the unchanged map of their anchored tensor go back to lazy
+    values, so export writes the small stub, not the bytes."""
+    for tensor in graph.tensors().values():
+        values = getattr(tensor, "_values", None)
+        source = getattr(values, "_slim_source", None)
+        if source is not None and isinstance(values, np.memmap) and values.shape == tuple(source.dims):
+            tensor._values = MappedValues(source)
+
+
+def external_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes of the tensors that live in external data files."""
+    total = 0
+    for tensor in _get_all_tensors(proto):
+        if uses_external_data(tensor):
+            total += ExternalDataInfo(tensor).length or (tensor_nbytes(tensor) or 0)
+    return total
+
+
+def write_external(proto: onnx.ModelProto, path: Path, data_name: str, size_threshold: int = 1024) -> bool:
+    """Write ``proto`` to ``path`` with its tensors in ``path.parent / data_name``, one tensor at a
+    time; the proto is not modified. Returns whether the data file was created (no tensor at or
+    over ``size_threshold`` bytes, and none anchored: no data file)."""
+    skeleton = onnx.ModelProto()
+    copy_fields(proto, skeleton, skip=("graph",))
+    copy_fields(proto.graph, skeleton.graph, skip=("initializer",))
+    data_path = path.parent / data_name
+    writer = _DataWriter(data_path, data_name, size_threshold)
+    try:
+        for tensor in proto.graph.initializer:
+            stub = writer.stub(tensor)
+            skeleton.graph.initializer.append(stub if stub is not None else tensor)
+        for tensor in _get_all_tensors(skeleton):  # subgraph and attribute tensors (copies already)
+            if tensor.data_location != onnx.TensorProto.EXTERNAL or is_anchored(tensor):
+                stub = writer.stub(tensor)
+                if stub is not None:
+                    tensor.CopyFrom(stub)
+    finally:
+        writer.close()
+    onnx.save_model(skeleton, str(path))
+    return writer.used
+
+
+class _DataWriter:
+    def __init__(self, data_path: Path, data_name: str, size_threshold: int):
+        self.data_path, self.data_name, self.threshold = data_path, data_name, size_threshold
+        self.fh = None
+        self.offset = 0
+        self.used = False
+
+    def _open(self):
+        if self.fh is None:
+            self.fh = open(self.data_path, "wb")
+            self.used = True
+        return self.fh
+
+    def stub(self, tensor: onnx.TensorProto) -> onnx.TensorProto | None:
+        """The tensor as a stub pointing into the data file (its bytes written), or None to keep it."""
+        if is_anchored(tensor):
+            info = ExternalDataInfo(tensor)
+            length = info.length or tensor_nbytes(tensor) or 0
+            fh = self._open()
+            start = self._align(fh, length)
+            with open(info.location, "rb") as src:
+                src.seek(info.offset or 0)
+                left = length
+                while left:
+                    chunk = src.read(min(COPY_CHUNK, left))
+                    if not chunk:
+                        raise OSError(f"{info.location}: ended before tensor {tensor.name!r}")
+                    fh.write(chunk)
+                    left -= len(chunk)
+        elif tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= self.threshold:
+            data = tensor.raw_data
+            length = len(data)
+            fh = self._open()
+            start = self._align(fh, length)
+            fh.write(data)
+        else:
+            return None
+        out = onnx.TensorProto()
+        copy_fields_except_data(tensor, out)
+        _set_location(out, self.data_name, start, length)
+        self.offset = start + length
+        return out
+
+    def _align(self, fh, length: int, alignment: int = 4096) -> int:
+        """Tensors of 1 MiB or more start on page boundaries, so they can be mapped directly
+        (ONNX Runtime and numpy do); smaller ones are packed (no padding overhead)."""
+        if length < ALIGN_FROM:
+            return self.offset
+        start = -(-self.offset // alignment) * alignment
+        if start != self.offset:
+            fh.write(b"\0" * (start - self.offset))
+        return start
+
+    def close(self):
+        if self.fh is not None:
+            self.fh.close()
+
+
+def copy_fields(src, dst, skip: tuple = ()) -> None:
+    """Copy every set field of protobuf message ``src`` into ``dst`` except those in ``skip``."""
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def copy_fields_except_data(tensor: onnx.TensorProto, out: onnx.TensorProto) -> None:
+    copy_fields(tensor, out, skip=("raw_data", "external_data", "data_location", "float_data", "int32_data",
+                                   "string_data", "int64_data", "double_data", "uint64_data"))
+
+
+def _set_location(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    tensor.external_data.add(key="location", value=location)
+    tensor.external_data.add(key="offset", value=str(offset))
+    tensor.external_data.add(key="length", value=str(length))
+
+
+def tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
+    """Bytes of the tensor's values (None for types numpy cannot hold)."""
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize

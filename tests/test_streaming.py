@@ -1,0 +1,140 @@
+"""Models whose weights live in external data are streamed: weights stay on disk, read on demand,
+written tensor by tensor — with exactly the result of the in-memory path."""
+
+import hashlib
+
+import numpy as np
+import onnx
+import pytest
+from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+from onnxslim_kit import optimize
+from onnxslim_kit.errors import UserError
+from onnxslim_kit.model import Model, load_proto, model_size_bytes, save_proto
+from onnxslim_kit.runtime import make_session, run
+from onnxslim_kit.streaming import MappedValues, has_anchored, is_anchored
+
+CHAIN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 64] x) => (float[2, 32] y) {
+  h0 = MatMul (x, W0)
+  h1 = Gemm <transB = 1> (h0, W1, B1)
+  s = Mul (h1, S)
+  h2 = MatMul (s, W2)
+  y = Relu (h2)
+}
+"""
+
+
+def chain_model(seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    proto = onnx.parser.parse_model(CHAIN)
+    weights = {"W0": rng.standard_normal((64, 128)), "W1": rng.standard_normal((96, 128)),
+               "B1": rng.standard_normal(96), "S": np.full(96, 0.5), "W2": rng.standard_normal((96, 32))}
+    for name, value in weights.items():
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32), name))
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def save_external(proto, path):
+    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=0)
+    return path
+
+
+def digest(folder) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def tensors(path) -> dict:
+    proto = onnx.load(str(path))
+    return {t.name: onnx.numpy_helper.to_array(t) for t in _get_all_tensors(proto)}
+
+
+@pytest.mark.parametrize("passes", ["fuse", "int4", "int4(method=gptq)", "fuse,int4(format=qdq)"])
+def test_streamed_run_equals_in_memory_run_bitwise(tmp_path, passes):
+    src = tmp_path / "src"
+    src.mkdir()
+    path = save_external(chain_model(), src / "m.onnx")
+    before = digest(src)
+    streamed, report_s = optimize(path, passes)  # weights stay on disk
+    assert has_anchored(streamed) or "int4" in passes  # unchanged weights are still references
+    in_memory, report_m = optimize(onnx.load(str(path)), passes)  # weights loaded into the proto
+    assert not has_anchored(in_memory)
+    out_s = save_proto(streamed, tmp_path / "s" / "o.onnx")
+    out_m = save_proto(in_memory, tmp_path / "m" / "o.onnx", external_data=True)
+    assert digest(src) == before  # the input model and its data file untouched
+    a, b = onnx.load(str(out_s), load_external_data=False), onnx.load(str(out_m), load_external_data=False)
+    assert [(n.op_type, list(n.input), list(n.output)) for n in a.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in b.graph.node]
+    ta, tb = tensors(out_s), tensors(out_m)
+    assert ta.keys() == tb.keys()
+    for name in ta:
+        assert ta[name].dtype == tb[name].dtype and np.array_equal(ta[name], tb[name]), name
+    assert [p.verification for p in report_s.passes] == [p.verification for p in report_m.passes]
+    assert report_s.passes[-1].modified
+    assert report_s.after["bytes"] == pytest.approx(report_m.after["bytes"], rel=0.02)  # external bytes counted
+
+
+def test_lazy_load_keeps_weights_on_disk(tmp_path):
+    path = save_external(chain_model(), tmp_path / "m.onnx")
+    proto = load_proto(path, lazy=True)
+    assert all(is_anchored(t) for t in proto.graph.initializer)
+    assert proto.ByteSize() < 2000 < model_size_bytes(proto)  # the bytes are counted, not held
+    model = Model.from_proto(proto)
+    w0 = next(t for t in model.graph.tensors().values() if t.name == "W0")
+    assert isinstance(w0._values, MappedValues)
+    values = w0.values  # read on demand: a read-only map of the file
+    assert isinstance(values, np.memmap) and not values.flags.writeable
+    np.testing.assert_array_equal(values, onnx.numpy_helper.to_array(chain_model().graph.initializer[0]))
+    exported = model.to_proto()  # an unchanged weight goes back out as a reference
+    assert all(is_anchored(t) for t in exported.graph.initializer)
+    assert exported.ByteSize() < 2000
+
+
+def test_session_maps_anchored_weights_and_matches(tmp_path):
+    path = save_external(chain_model(), tmp_path / "m.onnx")
+    x = {"x": np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)}
+    lazy = run(make_session(load_proto(path, lazy=True)), x)
+    full = run(make_session(load_proto(path)), x)
+    np.testing.assert_array_equal(lazy["y"], full["y"])
+
+
+def test_changed_weight_is_written_not_referenced(tmp_path):
+    path = save_external(chain_model(), tmp_path / "m.onnx")
+    model = Model.from_proto(load_proto(path, lazy=True))
+    s = next(t for t in model.graph.tensors().values() if t.name == "S")
+    s.values = np.asarray(s.values) * 2  # a new array: no longer the file's bytes
+    proto = model.to_proto()
+    by_name = {t.name: t for t in proto.graph.initializer}
+    assert not uses_external_data(by_name["S"]) and is_anchored(by_name["W0"])
+    out = save_proto(proto, tmp_path / "o" / "o.onnx")
+    got = tensors(out)
+    np.testing.assert_array_equal(got["S"], np.full(96, 1.0, np.float32))
+    np.testing.assert_array_equal(got["W0"], onnx.numpy_helper.to_array(chain_model().graph.initializer[0]))
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "escapes"])
+def test_bad_external_data_is_a_user_error(tmp_path, damage):
+    path = save_external(chain_model(), tmp_path / "m.onnx")
+    data = tmp_path / "m.onnx.data"
+    if damage == "missing":
+        data.unlink()
+    elif damage == "truncated":
+        data.write_bytes(data.read_bytes()[:1000])
+    else:
+        proto = onnx.load(str(path), load_external_data=False)
+        for t in proto.graph.initializer:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = "../m.onnx.data"
+        onnx.save_model(proto, str(path))
+    with pytest.raises(UserError, match="external data"):
+        load_proto(path, lazy=True)
+
+
+def test_original_passes_the_checker_when_lazy(tmp_path):
+    path = save_external(chain_model(), tmp_path / "m.onnx")
+    _, report = optimize(path, "fuse")
+    assert report.original_check is None
