@@ -1,4 +1,5 @@
-"""Storing clustered weights compactly, and the subgraph that decodes them.
+"""Storing clustered weights compactly, and the subgraph that decodes one of them (per-channel
+codebooks; per-tensor weights go through the shared streams of :mod:`._cluster_stream`).
 
 A clustered weight ``W`` (``N`` elements) is ``codebook[labels]``. It is stored as
 
@@ -74,14 +75,21 @@ class Clustered:
     per_channel: bool
     axis: int = 0
     dense: np.ndarray | None = None  # the values as stored by encode=dense (snapped to a grid)
+    share: tuple | None = None  # stack key when the codebook is shared (:mod:`._cluster_share`)
 
     @property
     def k(self) -> int:
         return self.codebook.shape[-1]
 
     def stored_bytes(self) -> int:
-        stored, _ = pack_labels(self.labels, self.k)
-        return self.codebook.nbytes + stored.nbytes + (0 if self.scales is None else self.scales.nbytes)
+        """Labels (4-bit when ``k ≤ 16``), scales and the codebook (when not shared)."""
+        if self.per_channel:
+            stored, _ = pack_labels(self.labels, self.k)
+            labels = stored.nbytes
+        else:
+            labels = (self.labels.size + 1) // 2 if self.k <= 16 else self.labels.size
+        book = 0 if self.share is not None else self.codebook.nbytes
+        return labels + book + (0 if self.scales is None else self.scales.nbytes)
 
     def decoded(self) -> np.ndarray:
         """Numpy mirror of the decoding subgraph (or the dense values)."""

@@ -15,8 +15,8 @@ for i = 0 … k_in − 1:
     M[:, i+1:] −= e ⊗ U[i, i+1:]
 ```
 
-The codebook and scales are fixed beforehand (weighted k-means of the scaled weight,
-:mod:`._cluster_kmeans`); only the assignment changes. Positions that were exactly zero stay
+The codebook and scales are fixed beforehand (weighted k-means of the normalised rows,
+shared by the weights of one layout: :mod:`._cluster_share`); only the assignment changes. Positions that were exactly zero stay
 zero (``keep_zero``: a pruned weight stays pruned; their error is still compensated).
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve, cholesky
 
-from ._cluster_kmeans import cluster_weight, nearest
+from ._cluster_kmeans import nearest
 
 DAMPING = 0.01
 
@@ -54,16 +54,15 @@ def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scal
     return labels
 
 
-def cluster_layer(layer, gram: np.ndarray, k: int, keep_zero: bool, channel_scale: bool) -> tuple:
-    """``(codebook, labels, scales)`` in the layout of the stored weight of ``layer``
-    (a :class:`._svd_stats.Layer`): codebook and scales from k-means over the output rows of
-    ``M = layer.matrixᵀ``, labels from :func:`gptq_assign`."""
+def cluster_layer(layer, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray | None,
+                  keep_zero: bool) -> np.ndarray:
+    """Labels, in the layout of the stored weight of ``layer`` (a :class:`._svd_stats.Layer`),
+    of ``M = layer.matrixᵀ`` into the given (sorted) ``codebook`` and per-output-channel
+    ``scales`` (``(n_out,)``, None for none), assigned by :func:`gptq_assign`."""
     stored = np.asarray(layer.node.inputs[1].values)
     m = layer.matrix.T  # n_out × k_in
-    codebook, _, scales = cluster_weight(m, k, False, keep_zero, channel_scale=channel_scale)
-    row_scales = np.ones(len(m)) if scales is None else scales.ravel()
+    row_scales = np.ones(len(m)) if scales is None else np.asarray(scales).ravel()
     labels = gptq_assign(m, gram, codebook, row_scales, (m == 0) if keep_zero else None)
     if layer.kind == "conv" or (layer.kind == "gemm" and layer.node.attrs.get("transB", 0)):
-        shape = (-1,) + (1,) * (stored.ndim - 1)  # stored rows are the output channels
-        return codebook, labels.reshape(stored.shape), None if scales is None else scales.reshape(shape)
-    return codebook, labels.T.copy(), None if scales is None else scales.reshape(1, -1)
+        return labels.reshape(stored.shape)  # stored rows are the output channels
+    return labels.T.copy()

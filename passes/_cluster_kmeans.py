@@ -6,7 +6,8 @@ Given the values ``v`` of a weight (or of one output channel) and a number of ce
    (bit-for-bit, in ``v``'s dtype) and every index decodes to exactly the original value.
 2. **Zero kept.** With ``keep_zero`` and at least one exact zero in ``v``, centroid 0.0 is
    reserved: zeros map to it (so pruned weights stay exactly zero) and the non-zero values
-   are clustered with the remaining ``k − 1`` centroids.
+   are clustered with the remaining ``k − 1`` centroids. The codebook is returned sorted
+   (:func:`nearest` relies on it).
 3. **Lloyd in 1-D.** Minimise Σ (v_i − c_{a(i)})². Initialisation: k-means++ on a seeded
    sample (deterministic for a given ``seed``). With ``s`` = sorted values and prefix sums
    ``S``, each Lloyd step is exact and cheap: the nearest-centroid cells are the intervals
@@ -39,7 +40,8 @@ def kmeans_1d(values, k: int, keep_zero: bool = True, seed: int = 0, max_iter: i
         codebook = np.concatenate([np.zeros(1, values.dtype), centroids])
         labels = np.zeros(values.size, np.int64)
         labels[nonzero] = inner + 1
-        return codebook, labels
+        order = np.argsort(codebook, kind="stable")  # sorted, as nearest() needs
+        return codebook[order], np.argsort(order)[labels]
     data = values.astype(np.float64)
     order = np.argsort(data, kind="stable")
     ordered = data[order]

@@ -125,19 +125,24 @@ def test_ort_folds_the_decoder_at_load(tmp_path, rng):
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], decoded(out, 128))
 
 
-def test_skip_reasons_are_counted(rng):
+@pytest.mark.parametrize("columns,min_size,reason", [(8, 1024, "smaller than min_size"),
+                                                     (1, 0, "encoding not smaller than the float weight")])
+def test_skip_reasons_are_counted(columns, min_size, reason, rng):
+    """A 64×8 weight under min_size; a 64×1 weight (256 bytes) that its own codebook, Reshape,
+    Gather and Mul would outgrow."""
     shared = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "s")
-    small = numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "t")
+    small = numpy_helper.from_array(rng.standard_normal((64, columns)).astype(np.float32), "t")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "s"], ["a"]), helper.make_node("MatMul", ["a", "s"], ["b"]),
          helper.make_node("MatMul", ["b", "t"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [shared, small],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, columns])], [shared, small],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    _, entry = run_cluster(model, "cluster(k=16)")
+    out, entry = run_cluster(model, f"cluster(k=16,target=0,min_size={min_size})")
     assert not entry.rewrites
-    assert entry.skipped == {"shared weight": 2, "smaller than min_size": 1}
+    assert entry.skipped == {"shared weight": 2, reason: 1}
+    assert [n.op_type for n in out.graph.node] == ["MatMul"] * 3
 
 
 @pytest.mark.realmodel
@@ -238,7 +243,7 @@ def test_target_gives_the_sensitive_layer_more_centroids(rng):
     assert held.verification["outputs"]["y"]["cosine"] >= 0.999  # verified on a subset of the target's samples
     assert any(note.startswith("MatMul (64, 64): k=64") for note in held.notes)
     stored = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
-    assert sorted(v.size for v in stored.values() if v.dtype == np.uint8) == [2048, 4096]  # 4-bit w1, uint8 w2
+    assert sorted(v.size for v in stored.values() if v.dtype == np.uint8 and v.size > 1) == [2048, 4096]  # 4-bit w1, uint8 w2
     assert held.metrics["bytes_after"] < 0.5 * held.metrics["bytes_before"]
     out, floats = run_cluster(model, "cluster(k=4,k_high=4,target=0.999,channel_scale=false)")
     assert floats.rewrites == {"MatMul weight → codebook + 4-bit indices": 1}
@@ -286,3 +291,76 @@ def test_dense_then_int8_quantizes_the_clustered_weight(rng):
     ints, scale = inits[dq.input[0]], inits[dq.input[1]]
     assert len(np.unique(ints)) <= 16
     assert np.array_equal(ints.astype(np.float32) * scale, numpy_helper.to_array(clustered.graph.initializer[0]))
+
+
+def parallel_convs(channels: list, opset: int, rng) -> onnx.ModelProto:
+    """Convs with weights ``[c, 9, 3, 3]`` (one stacking layout) on one input, outputs
+    concatenated; output channels scaled 0.01…10 apart, as after BatchNorm folding."""
+    nodes, inits = [], []
+    for i, c in enumerate(channels):
+        weight = rng.standard_normal((c, 9, 3, 3)) * np.logspace(-2, 1, c)[:, None, None, None]
+        inits.append(numpy_helper.from_array(weight.astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("Conv", ["x", f"w{i}"], [f"y{i}"], pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Concat", [f"y{i}" for i in range(len(channels))], ["y"], axis=1))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 9, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, sum(channels), 6, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def folded_weights(model: onnx.ModelProto, tmp_path) -> dict:
+    """Conv weights as ONNX Runtime holds them after constant folding (basic optimisations)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "folded.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    folded = onnx.load(so.optimized_model_filepath)
+    inits = {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer}
+    assert [n.op_type for n in folded.graph.node if n.op_type != "Conv"] == ["Concat"]  # decoder folded
+    return {n.output[0]: inits[n.input[1]] for n in folded.graph.node if n.op_type == "Conv"}
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_one_layout_shares_a_codebook_and_a_decoder(opset, tmp_path, rng):
+    """Three weights of one layout: one codebook, one Reshape/Gather/Mul/Split; their 49·81 labels
+    (odd: one pad label) in one packed stream; float16 row scales. ORT folds it all back."""
+    channels = [16, 24, 9]
+    model = parallel_convs(channels, opset, rng)
+    out, entry = run_cluster(model, "cluster(k=16,target=0)")
+    assert entry.rewrites == {"Conv weight → codebook + 4-bit indices": 3}
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("GatherElements") == 1 and ops.count("Split") == 2  # stream (with its pad) and group
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    (labels,) = [v for v in inits.values() if v.dtype == np.uint8 and v.size > 1]  # (16 and 4 unpack them)
+    assert labels.size == (sum(channels) * 81 + 1) // 2
+    assert sorted(v.size for v in inits.values() if v.dtype == np.float16) == [sum(channels)]  # the scales
+    weights = folded_weights(out, tmp_path)
+    originals = {f"y{i}": numpy_helper.to_array(model.graph.initializer[i]) for i in range(len(channels))}
+    values = set()
+    for name, weight in weights.items():
+        rms = np.sqrt(np.mean(originals[name].astype(np.float64) ** 2, axis=(1, 2, 3)))
+        scales = rms.astype(np.float16).astype(np.float32)[:, None, None, None]
+        values |= set(np.unique(weight / scales).round(5))
+        assert compare(weight, originals[name]).cosine > 0.99
+    assert len(values) <= 16  # one shared codebook of normalised values
+    x = rng.standard_normal((1, 9, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(model, {"x": x})[0],
+                               atol=0.15 * np.abs(run_ort(model, {"x": x})[0]).max())
+
+
+def test_byte_estimates_follow_the_file(rng):
+    """The encoder's byte estimates (used to decide what pays) against the serialized file."""
+    from onnxslim_kit.passes import _cluster_stream as stream
+    from onnxslim_kit.passes._cluster_encode import Clustered
+
+    channels = [16, 24, 9]
+    model = parallel_convs(channels, 13, rng)
+    _, entry = run_cluster(model, "cluster(k=16,target=0)")
+    floats = sum(stream.float_bytes(numpy_helper.to_array(t)) for t in model.graph.initializer)
+    added = entry.metrics["bytes_after"] - (entry.metrics["bytes_before"] - floats)
+    members = [Clustered(np.zeros(16, np.float32), np.zeros((c, 9, 3, 3), np.int64),
+                         np.full((c, 1, 1, 1), 0.5, np.float32), False, 0) for c in channels]
+    half = stream.half_scales(members)
+    estimate = (stream.stream_bytes([members]) + stream.group_bytes(members, half)
+                + sum(stream.member_bytes(m, half) for m in members))
+    assert half and abs(added - estimate) < 0.05 * added, (added, estimate)
