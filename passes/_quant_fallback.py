@@ -27,9 +27,12 @@ Search (each step builds the model with a set of int8 layers and scores it):
      MiniLM hybrid sent nearly every layer to float (int8 then no faster: kept float)
      where e2e kept 27 of 50 in int8 at 0.87× the float latency;
 
-3. the most sensitive ``k`` layers go back to float for ``k = 1, 2, 4, …`` until the target
-   holds, then a bisection between the last two ``k`` finds the smallest such ``k``.
-   ``k = n`` is the float model itself, so the search always ends.
+3. the ladder search of :func:`choose_fallback`: the shallowest level of the ladder
+   (``int8 → rung₁ → … → float``) that meets the target with every layer at it, then, level
+   by level back towards int8, the fewest most sensitive layers that must stay at each
+   level (doubling ``k = 1, 2, 4, …``, then a bisection). Without rungs: the ``k`` most
+   sensitive layers go float. All layers float is the float model itself (score 1, not
+   run), so the search always ends.
 
 The search only needs *pass / fail* at each ``k``, so a trial stops at the first sample
 that proves failure: the score can only fall with more samples (``cos``: a minimum), or
@@ -68,52 +71,60 @@ def parse_target(text: str):
 
 
 class SharedWeights:
-    """The large float constants every trial model keeps unchanged, handed to ORT once.
+    """Large constants handed to ORT as in-memory arrays instead of through the trial proto.
 
-    A trial proto's copies of them are replaced by in-memory external-data stubs and the
-    session gets the arrays through ``add_external_initializers`` (no copy, no parsing): the
-    search builds one session per trial, and for an 88 MB model this is most of its cost.
-    :meth:`strip` goes further: a trial graph's unchanged constants get empty placeholder
-    arrays *before* export, so the weights are not even copied into the proto (MiniLM:
-    half of the search time was that copy).
+    :meth:`strip` gives a trial graph's large constants (float weights, their int8
+    encodings) empty placeholder arrays *before* export, so the weights are not copied into
+    the proto (MiniLM: half of the search time was that copy); :meth:`session` turns the
+    placeholders into in-memory external data and hands the arrays to the session through
+    ``add_external_initializers`` (no copy, no parsing). The float weights of ``graph`` get
+    their ``OrtValue`` once; other arrays (encodings made for a trial) one per trial.
     """
 
     def __init__(self, graph, min_size: int = 4096):
-        self.arrays = {}
+        self.min_size = min_size
+        self.cached = {}   # id(array) -> (array, OrtValue) for the model's own weights
+        self.pending = {}  # placeholders of the last strip(): name -> (array, OrtValue)
         for tensor in graph.tensors().values():
             values = getattr(tensor, "values", None)
-            if isinstance(values, np.ndarray) and values.dtype == np.float32 and values.size >= min_size:
-                self.arrays[tensor.name] = (values, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(values)))
+            if isinstance(values, np.ndarray) and values.size >= min_size:
+                self.cached[id(values)] = self._entry(values)
+
+    @staticmethod
+    def _entry(values: np.ndarray) -> tuple:
+        values = np.ascontiguousarray(values)
+        return values, ort.OrtValue.ortvalue_from_numpy(values)
 
     def strip(self, graph) -> None:
-        """Give ``graph``'s (a trial copy's) shared constants empty placeholders; the copy's
+        """Give ``graph``'s (a trial copy's) large constants empty placeholders; the copy's
         Constant objects are its own, the arrays are never touched."""
+        self.pending = {}
         for tensor in graph.tensors().values():
-            entry = self.arrays.get(tensor.name)
-            if entry is not None and isinstance(tensor, gs.Constant) and tensor.values is entry[0]:
-                tensor.values = np.empty(0, np.float32)
+            values = getattr(tensor, "values", None)
+            if isinstance(tensor, gs.Constant) and isinstance(values, np.ndarray) and values.size >= self.min_size:
+                self.pending[tensor.name] = self.cached.get(id(values)) or self._entry(values)
+                tensor.values = np.empty(0, values.dtype)
 
     def session(self, proto):
         used = []
         for init in proto.graph.initializer:
-            entry = self.arrays.get(init.name)
-            if entry is None or init.data_type != onnx.TensorProto.FLOAT:
+            entry = self.pending.get(init.name)
+            if entry is None or tuple(init.dims) != (0,):
                 continue
-            if tuple(init.dims) == (0,):  # a placeholder of strip()
-                del init.dims[:]
-                init.dims.extend(entry[0].shape)
-            elif tuple(init.dims) != entry[0].shape:
-                continue
+            del init.dims[:]
+            init.dims.extend(entry[0].shape)
             init.ClearField("raw_data")
-            init.ClearField("float_data")
             init.data_location = onnx.TensorProto.EXTERNAL
             del init.external_data[:]
             init.external_data.add(key="location", value="in-memory")
             used.append(init.name)
         so = session_options("disable", 1)
         if used:
-            so.add_external_initializers(used, [self.arrays[n][1] for n in used])
-        return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            so.add_external_initializers(used, [self.pending[n][1] for n in used])
+        session = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        session.slim_arrays = self.pending  # ORT reads these buffers in place: alive as long as the session
+        self.pending = {}
+        return session
 
 
 class Scorer:
@@ -176,53 +187,92 @@ class Scorer:
         return float(min(scores)) if scores else 1.0
 
 
-def choose_float_layers(names: list, build, score, target: float, progress=lambda it, **_: it, log=None,
-                        local=None, rank_score=None, refine: int | None = None, exact_float: bool = True):
-    """Smallest set of layers (most sensitive first) to keep float so ``score ≥ target``.
-
-    ``build(enabled: set) -> proto``; ``score(proto, stop_below)`` (see :class:`Scorer`);
-    ``local()`` gives local sensitivities (None: end to end for every layer, scored by
-    ``rank_score``, default ``score``); with ``local`` and ``refine``, the ``refine`` most
-    locally sensitive layers are re-scored end to end and put first. ``exact_float``: the
-    build with no int8 layer is the float model (score 1, not run). Returns (float layer
-    names, final score, sensitivities).
-    """
-    rank_score = rank_score or score
-    everything = set(names)
-    full = score(build(everything), target)
-    if full >= target:
-        return [], full, {}
+def rank_layers(names: list, build_one, rank_score, progress=lambda it, **_: it, local=None,
+                refine: int | None = None) -> tuple:
+    """(names most sensitive first, sensitivities): ``local()`` gives local sensitivities
+    (None: every layer alone in int8, ``build_one(name)``, scored end to end by ``rank_score``); with ``local`` and
+    ``refine``, the ``refine`` most locally sensitive are re-scored end to end and put first."""
     sens = local() if local is not None else {}
     order = sorted(names, key=lambda n: -sens.get(n, 0.0))
     todo = names if local is None else order[: refine or 0]
-    e2e = {name: 1.0 - rank_score(build({name})) for name in progress(todo, desc="int8 sensitivity",
+    e2e = {name: 1.0 - rank_score(build_one(name)) for name in progress(todo, desc="int8 sensitivity",
                                                                          total=len(todo))}
     head = sorted(e2e, key=lambda n: -e2e[n])
-    order = head + [n for n in order if n not in e2e]
-    sens = {**sens, **e2e}
-    cache = {}
+    return head + [n for n in order if n not in e2e], {**sens, **e2e}
 
-    def ok(k: int) -> bool:
-        if k not in cache:
-            cache[k] = score(build(everything - set(order[:k])), target) if k < len(order) or not exact_float \
-                else 1.0
-        return cache[k] >= target or k == len(order)  # all float: nothing more to try
 
-    k_ok, k_bad = None, 0
-    k = 1
+def smallest_k(m: int, ok) -> int:
+    """Smallest ``k`` in 1..m with ``ok(k)`` (``ok`` monotone, ``ok(m)`` true): k = 1, 2, 4, …
+    until it holds, then a bisection between the last two."""
+    k_ok, k_bad, k = None, 0, 1
     while k_ok is None:
-        k = min(k, len(order))
-        if ok(k):
+        k = min(k, m)
+        if k == m or ok(k):
             k_ok = k
         else:
-            k_bad = k
-            k *= 2
+            k_bad, k = k, 2 * k
     while k_ok - k_bad > 1:
         mid = (k_ok + k_bad) // 2
         if ok(mid):
             k_ok = mid
         else:
             k_bad = mid
+    return k_ok
+
+
+def choose_fallback(names: list, build, score, target: float, options: dict | None = None,
+                    progress=lambda it, **_: it, log=None, local=None, rank_score=None,
+                    refine: int | None = None) -> tuple:
+    """The smallest fallback (most sensitive layers first, deepest first) with ``score ≥ target``.
+
+    ``options``: ``{layer: [rung, …]}``, the fallback rungs of each layer between static int8
+    and float, in order (default none: int8 or float). A layer at *level* ``d`` takes its
+    ``d``-th choice of ``["int8", *rungs, "float"]`` (clipped at float). ``build(assign) ->
+    proto`` with ``assign = {layer: choice}`` (missing: float); ``score(proto, stop_below)``
+    (see :class:`Scorer`). Over the ranking of :func:`rank_layers`:
+
+    1. ``d``: the smallest level that meets the target with *every* layer at it (every layer
+       float meets it exactly: not run);
+    2. for ``level = d, d − 1, …, 1``: the layers not yet fixed are at ``level``; the smallest
+       ``j`` such that the ``j`` most sensitive of them stay there and the others move one
+       level up (towards int8) still meets the target; those ``j`` are fixed.
+
+    Without rungs this is the plain search for the ``k`` most sensitive layers to keep float.
+    Returns (``{layer: choice}``, final score, sensitivities).
+    """
+    rank_score = rank_score or score
+    choices = {n: ["int8", *[r for r in (options or {}).get(n, ()) if r != "float"], "float"] for n in names}
+    n = len(names)
+    full = score(build({name: "int8" for name in names}), target)
+    if full >= target:
+        return {name: "int8" for name in names}, full, {}
+    order, sens = rank_layers(names, lambda name: build({name: "int8"}), rank_score, progress, local, refine)
+    cache = {}
+
+    def assign(levels) -> dict:
+        return {name: choices[name][min(lv, len(choices[name]) - 1)] for name, lv in zip(order, levels)}
+
+    def value(levels) -> float:
+        key = tuple(levels)
+        if key not in cache:
+            chosen = assign(levels)
+            cache[key] = 1.0 if all(c == "float" for c in chosen.values()) else score(build(chosen), target)
+        return cache[key]
+
+    depth = max(len(c) for c in choices.values()) - 1
+    d = next(lv for lv in range(1, depth + 1) if lv == depth or value([lv] * n) >= target)
+    levels, start = [d] * n, 0
+    for level in range(d, 0, -1):
+        def trial(j, level=level, start=start, fixed=tuple(levels)):
+            return list(fixed[:start + j]) + [level - 1] * (n - start - j)
+        if level < d and value(trial(0)) >= target:
+            j = 0
+        else:
+            j = smallest_k(n - start, lambda j, trial=trial: value(trial(j)) >= target) if start < n else 0
+        levels, start = trial(j), start + j
+    chosen = assign(levels)
     if log:
-        log(f"int8: {k_ok} of {len(order)} layers kept float for the target")
-    return order[:k_ok], cache.get(k_ok, 1.0), sens
+        moved = sum(c != "int8" for c in chosen.values())
+        log(f"int8: {moved} of {n} layers off static int8 for the target "
+            f"({sum(c == 'float' for c in chosen.values())} float)")
+    return chosen, value(levels), sens

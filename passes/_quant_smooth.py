@@ -9,11 +9,12 @@ scale then wastes most of its 256 levels on them. Moving the difficulty into the
     s_k = max|X_k|^α / max|W_k·|^(1−α)     (k = input channel = last axis of X,
                                             max over every weight reading X; α = ``smooth``)
 
-is exact in real arithmetic (``X'·W' = X·W``). Conditions: ``X`` is read by at least one
+is exact in real arithmetic (``X'·W' = X·W``). Layers that fall back (to float, or to int8
+weights with float compute) get ``X`` and ``W`` back; on the ``dynamic`` rung they keep the
+smoothed pair (its run-time per-tensor range gains from the flatter ``X'``). Conditions: ``X`` is read by at least one
 candidate MatMul (constant 2-D weight) or Gemm (constant B, ``transA = 0``); only those
 readers are rewired to ``X'``; ``s`` is clipped to [1e-4, 1e4] and set to 1 where a channel
-is all zero. The Mul is float and cheap next to the MatMuls it feeds. Layers that later fall
-back to float keep the (equivalent) smoothed weights.
+is all zero. The Mul is float and cheap next to the MatMuls it feeds.
 """
 
 from __future__ import annotations
@@ -52,11 +53,12 @@ def channel_peaks(proto, names: list, samples) -> dict:
     return peaks
 
 
-def smooth(model, groups: dict, peaks: dict, alpha: float, result) -> int:
-    """Insert ``Mul(1/s)`` and rescale the weights; returns how many tensors were smoothed."""
+def smooth(model, groups: dict, peaks: dict, alpha: float, result) -> dict:
+    """Insert ``Mul(1/s)`` and rescale the weights; returns ``{layer name: (input name, original
+    weight)}`` of the rewired layers (the fallback undoes the smoothing with them)."""
     graph = model.graph
     tensors = graph.tensors()
-    count = 0
+    count, originals = 0, {}
     for name, layers in groups.items():
         x_peak = peaks.get(name)
         rows = [_weight_rows(l) for l in layers]
@@ -73,6 +75,7 @@ def smooth(model, groups: dict, peaks: dict, alpha: float, result) -> int:
         graph.nodes.append(gs.Node("Mul", name=model.fresh_name("int8/smooth"), inputs=[x, inv], outputs=[smoothed]))
         for layer, rows_k in zip(layers, rows):
             node = layer.node
+            originals[node.name] = (name, const_value(node.inputs[layer.weight_index]))
             scaled = (rows_k.astype(np.float64) * s[:, None]).astype(np.float32)
             if node.op == "Gemm" and attr(node, "transB", 0):
                 scaled = scaled.T
@@ -80,4 +83,4 @@ def smooth(model, groups: dict, peaks: dict, alpha: float, result) -> int:
             node.inputs[0] = smoothed
         count += 1
     result.rewrite("smoothed activation", count)
-    return count
+    return originals

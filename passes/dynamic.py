@@ -8,7 +8,8 @@ when ``transB``; ``alpha`` folded into the scale, ``beta·C`` added after)::
           MatMulInteger(x_q, B_q, z_x, 0) ──▶ Cast(float) ──▶ Mul(s_x · s_B) ──▶ y
 
 ``B_q = round(B / s_B)`` symmetric int8, ``s_B`` per output column (or per tensor). ONNX
-Runtime fuses this exact pattern into DynamicQuantizeMatMul (checked by the tests). This
+Runtime fuses this exact pattern into DynamicQuantizeMatMul (checked by the tests). The
+rewrite lives in :mod:`._quant_dynamic` (the ``int8`` pass's ``dynamic`` rung uses it too). This
 pays off on MatMul-heavy models (transformers, RNN-like heads).
 
 Conv only with ``conv=true``: ``ConvInteger`` + Cast + per-channel Mul + bias Add. ONNX
@@ -23,12 +24,11 @@ Models already quantized pass through untouched.
 from __future__ import annotations
 
 import numpy as np
-import onnx
-import onnx_graphsurgeon as gs
 
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from ._graph import attr, const_value, is_onnx_op, new_constant
+from ._graph import attr, const_value, is_onnx_op
+from ._quant_dynamic import dynamic_matmul, integer_op, rescale
 from ._quant_qdq import is_quantized, quantize_weight, weight_scales
 
 
@@ -87,10 +87,7 @@ class DynamicPass(Pass):
         axis = 1 if opts["per_channel"] else None
         scales = weight_scales(w, axis)
         w_q = quantize_weight(w, scales, axis)
-        y, x_scale = self._integer_op(model, graph, "MatMulInteger", x, w_q,
-                                      np.zeros(w.shape[1] if axis is not None else (), np.int8))
-        scale = (scales * alpha).astype(np.float32)
-        self._rescale(model, graph, y, x_scale, scale, bias, node)
+        dynamic_matmul(model, graph, node, x, w_q, (scales * alpha).astype(np.float32), bias)
         result.rewrite(f"{node.op}→MatMulInteger")
 
     # --- Conv -----------------------------------------------------------------------------
@@ -108,44 +105,9 @@ class DynamicPass(Pass):
         w_q = quantize_weight(w, scales, axis)
         attrs = {k: v for k, v in node.attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape",
                                                             "pads", "strides")}
-        y, x_scale = self._integer_op(model, graph, "ConvInteger", x, w_q, np.zeros((), np.int8), attrs)
+        y, x_scale, _ = integer_op(model, graph, "ConvInteger", x, w_q, np.zeros((), np.int8), attrs)
         shape = [1, -1] + [1] * (w.ndim - 2)
         scale = scales.reshape(shape) if axis is not None else scales
         bias = bias.reshape(shape).astype(np.float32) if bias is not None else None
-        self._rescale(model, graph, y, x_scale, scale, bias, node)
+        rescale(model, graph, y, x_scale, scale, bias, node)
         result.rewrite("Conv→ConvInteger")
-
-    # --- shared ---------------------------------------------------------------------------
-    def _integer_op(self, model, graph, op, x, w_q, w_zero, attrs=None) -> tuple:
-        """``DynamicQuantizeLinear(x)`` and the integer op; returns (int32 output, x scale)."""
-        fresh = model.fresh_name
-        x_q = gs.Variable(fresh("dynamic/x_q"), dtype=np.uint8)
-        x_scale = gs.Variable(fresh("dynamic/x_scale"), dtype=np.float32, shape=[])
-        x_zero = gs.Variable(fresh("dynamic/x_zp"), dtype=np.uint8, shape=[])
-        graph.nodes.append(gs.Node("DynamicQuantizeLinear", name=fresh("dynamic/DynamicQuantizeLinear"),
-                                   inputs=[x], outputs=[x_q, x_scale, x_zero]))
-        y = gs.Variable(fresh("dynamic/y_int32"), dtype=np.int32)
-        graph.nodes.append(gs.Node(op, name=fresh(f"dynamic/{op}"), attrs=attrs or {},
-                                   inputs=[x_q, new_constant(model, "dynamic/w_q", w_q), x_zero,
-                                           new_constant(model, "dynamic/w_zp", w_zero)], outputs=[y]))
-        return y, x_scale
-
-    def _rescale(self, model, graph, y, x_scale, w_scale, bias, node) -> None:
-        """``out = float(y) · (s_x · s_w) (+ bias)``; ``node`` loses its output to the new chain."""
-        fresh = model.fresh_name
-        y_f = gs.Variable(fresh("dynamic/y_float"), dtype=np.float32)
-        scale = gs.Variable(fresh("dynamic/scale"), dtype=np.float32)
-        graph.nodes.append(gs.Node("Cast", name=fresh("dynamic/Cast"), attrs={"to": onnx.TensorProto.FLOAT},
-                                   inputs=[y], outputs=[y_f]))
-        graph.nodes.append(gs.Node("Mul", name=fresh("dynamic/Mul"),
-                                   inputs=[x_scale, new_constant(model, "dynamic/w_scale", w_scale)],
-                                   outputs=[scale]))
-        out = node.outputs[0]
-        node.outputs.clear()
-        if bias is None:
-            graph.nodes.append(gs.Node("Mul", name=fresh("dynamic/Mul"), inputs=[y_f, scale], outputs=[out]))
-            return
-        scaled = gs.Variable(fresh("dynamic/scaled"), dtype=np.float32)
-        graph.nodes.append(gs.Node("Mul", name=fresh("dynamic/Mul"), inputs=[y_f, scale], outputs=[scaled]))
-        graph.nodes.append(gs.Node("Add", name=fresh("dynamic/Add"),
-                                   inputs=[scaled, new_constant(model, "dynamic/bias", bias)], outputs=[out]))

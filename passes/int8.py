@@ -27,12 +27,17 @@ Steps:
 7. with ``bias_correction``: per-channel mean output shift of every Conv/Gemm measured and
    folded into its bias, and every layer's local error measured in the same run
    (:mod:`._quant_correct`);
-8. with ``fallback`` and a ``target``: the most sensitive layers go back to float until the
-   target holds on the evaluation samples (the first ``eval_samples`` of the feed); with
-   ``fallback_weights=int8`` they compute in float from int8 weights behind a
-   DequantizeLinear (ORT keeps that DQ as a node and runs it every inference; measured on
-   PP-OCRv4 det: file 0.54× → 0.30× of fp32, latency 0.66× → 0.78×, worst cosine 0.9949 →
-   0.9935), searched again with float weights if the target then fails;
+8. with ``fallback`` and a ``target``: layers leave static int8 until the target holds on
+   the evaluation samples (the first ``eval_samples`` of the feed), down a *ladder* of rungs
+   (``ladder``, default ``dynamic;weights``) before float: ``dynamic`` (MatMul / Gemm:
+   DynamicQuantizeLinear + MatMulInteger, each input quantized over its own range at run
+   time, fused by ORT into DynamicQuantizeMatMul), ``weights`` (float compute from int8
+   per-channel weights restored by ``Cast`` + ``Mul``, which ORT folds at load: no cost per
+   inference), then float. The most sensitive layers go deepest
+   (:func:`._quant_fallback.choose_fallback`). Layers off static int8 read their float
+   input; smoothed layers on ``weights`` or float get their original input and weight back.
+   Measured (2026-11-29, s2): PP-OCRv4 det 10 float layers (0.54× the fp32 file) → 11 on
+   ``weights`` (0.30×), held-out worst cosine 0.9949 → 0.9935, latency not worse;
 9. with ``speed_check`` (opt-in: a timing-based decision would make the output depend on
    the machine's load, and deployment builds need the same output for the same input): the
    int8 candidate is timed against float in ORT; not faster by ``speed_margin`` → the model
@@ -49,6 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from onnxslim_kit.activations import iter_activations
+from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
@@ -57,10 +63,26 @@ from . import _quant_plan as plan_mod
 from . import _quant_smooth as smooth_mod
 from ._quant_cle import equalize
 from ._quant_correct import measure_twins
-from ._quant_fallback import Scorer, SharedWeights, choose_float_layers, parse_target
+from ._quant_fallback import Scorer, SharedWeights, choose_fallback, parse_target
 from ._quant_io import make_integer_io
-from ._quant_qdq import activation_params, apply_plan, is_quantized, upgrade_opset
+from ._quant_qdq import (
+    RUNGS,
+    activation_params,
+    apply_plan,
+    is_quantized,
+    rungs_of,
+    upgrade_opset,
+)
 from ._quant_speed import latency_ratio
+
+
+def parse_ladder(text: str) -> list:
+    """``"dynamic;weights"`` → ["dynamic", "weights"]; ``none`` / empty → []."""
+    rungs = [r.strip() for r in (text or "").split(";") if r.strip() not in ("", "none", "float")]
+    bad = [r for r in rungs if r not in RUNGS]
+    if bad:
+        raise UserError(f"int8(ladder={text}): unknown rung {bad[0]!r}; use {', '.join(RUNGS)} or none")
+    return rungs
 
 
 def calib_samples(ctx):
@@ -84,6 +106,7 @@ class LayerSpec:
     weight_index: int | None
     weight_axis: int | None
     bias_index: int | None
+    unsmoothed: tuple | None = None  # (input name, weight array) before SmoothQuant
 
 
 @dataclass
@@ -92,7 +115,7 @@ class Plan:
     params: dict          # tensor name -> (scale, zero point)
     per_channel: bool
     bias_shift: dict = field(default_factory=dict)  # layer name -> bias correction vector
-    encodings: dict = field(default_factory=dict)   # (layer, corrected) -> integer weights (_quant_qdq)
+    encodings: dict = field(default_factory=dict)   # (layer, kind) -> integer weights (_quant_qdq)
 
 
 @register_pass
@@ -119,9 +142,9 @@ class Int8Pass(Pass):
                               "layers are MatMul/Gemm, else hybrid)", ("auto", "hybrid", "e2e", "local")),
         "refine": Option(int, 8, "sensitivity=hybrid: layers re-scored end to end"),
         "rank_samples": Option(int, 1, "samples used to rank layers end to end (e2e, hybrid)"),
-        "fallback_weights": Option(str, "float", "weights of layers kept float: float, or int8 behind a "
-                                   "DequantizeLinear (smaller file, float compute; scored by the target "
-                                   "search)", ("float", "int8")),
+        "ladder": Option(str, "dynamic;weights", "fallback rungs between static int8 and float, ';'-separated, "
+                         "from int8 towards float: dynamic (MatMul/Gemm: DynamicQuantizeLinear + MatMulInteger), "
+                         "weights (int8 weights, float compute; ORT folds them at load); 'none': straight to float"),
         "io": Option(str, "float", "model inputs/outputs: float, or uint8 / int8 (full-integer, encodings in "
                      "the model's metadata)", ("float", "uint8", "int8")),
         "speed_check": Option(bool, False, "time float vs int8 in ORT (optimizations on, 1 thread) and keep "
@@ -142,7 +165,8 @@ class Int8Pass(Pass):
         if any(is_quantized(g) for g in model.all_graphs()):
             result.skip("already quantized (has Q/DQ or integer ops)")
             return result
-        target = parse_target(opts["target"])  # a bad target fails before the calibration
+        target = parse_target(opts["target"])  # a bad target or ladder fails before the calibration
+        ladder = parse_ladder(opts["ladder"])
         for sub in list(model.all_graphs())[1:]:
             result.skip("layer in an If/Loop body (not calibrated)",
                         sum(1 for n in sub.nodes if n.op in plan_mod.LAYER_OPS))
@@ -157,28 +181,31 @@ class Int8Pass(Pass):
         if opts["cle"]:
             result.metrics["cle_pairs"] = equalize(model.graph, result)
         layers = self._layers(model, opts, result)
-        if opts["smooth"] > 0 and self._smooth(model, layers, ctx, result):
+        unsmoothed = self._smooth(model, layers, ctx, result) if opts["smooth"] > 0 else {}
+        if unsmoothed:
             layers = self._layers(model, opts, PassResult())  # the same layers, rewired inputs
         stats = self._calibrate(model, layers, ctx)
         plan = self._plan(model, layers, stats, opts, per_channel, result)
+        for spec in plan.layers:
+            spec.unsmoothed = unsmoothed.get(spec.name)
         sensitivity = None
         if opts["bias_correction"] and plan.layers:
             plan.bias_shift, sensitivity = measure_twins(trial_copy(model), plan, self._eval_samples(ctx))
             result.metrics["bias_corrected"] = len(plan.bias_shift)
         enabled = {spec.name for spec in plan.layers}
-        int8_weights = opts["fallback_weights"] == "int8"
+        rungs = self._rungs(plan, ladder)
         if opts["fallback"] and target is not None and enabled:
-            enabled, int8_weights = self._fallback(model, plan, enabled, target, ctx, result, sensitivity,
-                                                   int8_weights)
-        weight_only = self._weight_only(plan, enabled, int8_weights)
-        if opts["speed_check"] and enabled and not self._pays_off(model, plan, enabled, weight_only, ctx, result):
+            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, ctx, result, sensitivity)
+        else:
+            rungs = {}
+        if opts["speed_check"] and enabled and not self._pays_off(model, plan, enabled, rungs, ctx, result):
             return result
-        apply_plan(model, plan, enabled, result, weight_only)
+        apply_plan(model, plan, enabled, result, rungs)
         if opts["io"] != "float" and enabled:
             make_integer_io(model, opts["io"], stats, lambda s: calib.clip_range(s, opts["method"], opts["percentile"]),
                             result)
         result.metrics["layers_int8"] = len(enabled)
-        result.metrics["layers_float"] = len(plan.layers) - len(enabled)
+        result.metrics["layers_float"] = len(plan.layers) - len(enabled) - len(rungs)
         return result
 
     # --- steps ---------------------------------------------------------------------------
@@ -216,10 +243,10 @@ class Int8Pass(Pass):
         result.skip("excluded by include/exclude", len(layers) - len(keep))
         return [l for l in layers if l.name in keep]
 
-    def _smooth(self, model, layers, ctx, result) -> int:
+    def _smooth(self, model, layers, ctx, result) -> dict:
         groups = smooth_mod.smoothable(layers)
         if not groups:
-            return 0
+            return {}
         peaks = smooth_mod.channel_peaks(model.to_proto(), sorted(groups), calib_samples(ctx))
         return smooth_mod.smooth(model, groups, peaks, ctx.options["smooth"], result)
 
@@ -263,10 +290,10 @@ class Int8Pass(Pass):
                                    layer.weight_index, layer.weight_axis, bias_index))
         return Plan(specs, params, per_channel)
 
-    def _pays_off(self, model, plan, enabled, weight_only, ctx, result) -> bool:
+    def _pays_off(self, model, plan, enabled, rungs, ctx, result) -> bool:
         """True when the int8 candidate runs faster than float by the margin (:mod:`._quant_speed`)."""
         trial = trial_copy(model)
-        apply_plan(trial, plan, enabled, weight_only=weight_only)
+        apply_plan(trial, plan, enabled, fallback=rungs)
         trial.commit()
         ratio, spread, rounds = latency_ratio(trial.to_proto(), model.to_proto(), ctx.feed.take(1)[0])
         result.metrics["speed_ratio"] = round(ratio, 3)
@@ -282,25 +309,31 @@ class Int8Pass(Pass):
         return False
 
     @staticmethod
-    def _weight_only(plan, enabled: set, int8_weights: bool) -> set:
-        """Layers whose weights are stored int8 although they compute in float."""
-        return {s.name for s in plan.layers} - enabled if int8_weights else set()
+    def _rungs(plan, ladder: list) -> dict:
+        """``{layer: the rungs of the ladder it can take, in ladder order}`` (layers with one)."""
+        out = {}
+        for spec in plan.layers:
+            rungs = [r for r in ladder if r in rungs_of(spec)]
+            if rungs:
+                out[spec.name] = rungs
+        return out
 
     @staticmethod
     def _eval_samples(ctx) -> list:
         return ctx.feed.take(max(1, ctx.options["eval_samples"]))
 
-    def _fallback(self, model, plan, enabled, target, ctx, result, sensitivity, int8_weights) -> tuple:
-        """(layers left int8, whether the others keep int8 weights): the smallest fallback that
-        meets the target; with int8 weights first when asked, float weights if that fails."""
+    def _fallback(self, model, plan, enabled, rungs, target, ctx, result, sensitivity) -> tuple:
+        """(layers left static int8, ``{layer: rung}`` of the layers on a ladder rung): the
+        smallest fallback that meets the target (:func:`._quant_fallback.choose_fallback`)."""
         metric, value = target
         samples = self._eval_samples(ctx)
         shared = SharedWeights(model.graph)
         scorer = Scorer(ctx.original, samples, metric, shared)
 
-        def build(chosen: set):
+        def build(assign: dict):
             trial = trial_copy(model)
-            apply_plan(trial, plan, chosen, weight_only=self._weight_only(plan, chosen, int8_weights))
+            apply_plan(trial, plan, {n for n, c in assign.items() if c == "int8"},
+                       fallback={n: c for n, c in assign.items() if c in RUNGS})
             shared.strip(trial.graph)
             return trial.to_proto()  # ORT sorts the nodes itself; no commit needed
 
@@ -313,21 +346,19 @@ class Int8Pass(Pass):
             lambda: sensitivity or measure_twins(trial_copy(model), plan, samples, correct=False)[1])
         ranker = scorer.head(max(1, ctx.options["rank_samples"]))
         refine = ctx.options["refine"] if mode == "hybrid" else 0
-        while True:
-            float_layers, score, _ = choose_float_layers(names, build, scorer, value, ctx.progress, ctx.log,
-                                                         local, ranker, refine, not int8_weights)
-            if score >= value or not int8_weights:
-                break
-            result.notes.append(f"target {metric}:{value} not met ({score:.4f}) with the float layers' weights "
-                                "in int8: searched again with float weights")
-            int8_weights = False
+        chosen, score, _ = choose_fallback(names, build, scorer, value, rungs, ctx.progress, ctx.log, local, ranker,
+                                           refine)
+        on_rung = {n: c for n, c in chosen.items() if c in RUNGS}
+        float_layers = [n for n, c in chosen.items() if c == "float"]
         result.metrics["sensitivity"] = mode
         result.skip("kept float for the fidelity target", len(float_layers))
         result.metrics[f"target_{metric}"] = round(score, 6)
         result.metrics["fallback_builds"] = scorer.builds + ranker.builds
         result.metrics["fallback_runs"] = scorer.runs + ranker.runs
-        if float_layers:
-            result.notes.append("float for the target: " + ", ".join(float_layers[:8])
-                                + (" …" if len(float_layers) > 8 else ""))
-        result.metrics["fallback_weights"] = "int8" if int8_weights else "float"
-        return enabled - set(float_layers), int8_weights
+        for rung in RUNGS:
+            result.metrics[f"layers_{rung}"] = sum(c == rung for c in on_rung.values())
+        for what, names_ in (("on a fallback rung", list(on_rung)), ("float", float_layers)):
+            if names_:
+                result.notes.append(f"{what} for the target: " + ", ".join(names_[:8])
+                                    + (" …" if len(names_) > 8 else ""))
+        return {n for n, c in chosen.items() if c == "int8"}, on_rung

@@ -355,29 +355,135 @@ def test_fallback_layers_can_keep_int8_weights():
     model = conv_chain(np.random.default_rng(11))  # own stream: the same weights in any test order
     _, loose = quantize(model, "fallback=false")
     target = 1 - (1 - loose.verification["outputs"]["y"]["cosine"]) / 2  # half the all-int8 error
-    plain, _ = quantize(model, f"target=cos:{target}")
-    small, rep = quantize(model, f"target=cos:{target},fallback_weights=int8")
-    assert rep.metrics["fallback_weights"] == "int8"
+    plain, rep_plain = quantize(model, f"target=cos:{target},ladder=none")
+    small, rep = quantize(model, f"target=cos:{target}")  # default ladder: Conv → int8 weights
+    assert rep_plain.metrics["layers_float"] >= 1 and rep_plain.metrics["layers_weights"] == 0
     assert rep.metrics["target_cos"] >= target and rep.verification["outputs"]["y"]["cosine"] >= target
-    n_float = rep.metrics["layers_float"]
-    assert n_float >= 1 and rep.rewrites["Conv→int8 weights only"] == n_float
-    weights = {t.name: t for t in small.graph.initializer}
-    dq_of = {n.output[0]: n for n in small.graph.node if n.op_type == "DequantizeLinear"}
-    float_convs = [n for n in small.graph.node if n.op_type == "Conv" and n.input[0] not in dq_of]
-    assert len(float_convs) == n_float  # float activation in ...
-    for conv in float_convs:  # ... but an int8 weight, per output channel
-        dq = dq_of[conv.input[1]]
-        assert weights[dq.input[0]].data_type == onnx.TensorProto.INT8 and dq.attribute[0].i == 0
+    n_weights = rep.metrics["layers_weights"]
+    assert n_weights >= 1 and rep.metrics["layers_float"] == 0
+    assert rep.rewrites["Conv→int8 weights only"] == n_weights
+    weights = {t.name: numpy_helper.to_array(t) for t in small.graph.initializer}
+    made_by = {o: n for n in small.graph.node for o in n.output}
+    float_convs = [n for n in small.graph.node
+                   if n.op_type == "Conv" and getattr(made_by.get(n.input[0]), "op_type", "") != "DequantizeLinear"]
+    assert len(float_convs) == n_weights  # float activation in ...
+    for conv in float_convs:  # ... but an int8 weight, per output channel: Mul(Cast(int8), scale)
+        mul = made_by[conv.input[1]]
+        cast = made_by[mul.input[0]]
+        assert mul.op_type == "Mul" and cast.op_type == "Cast" and weights[cast.input[0]].dtype == np.int8
+        assert weights[mul.input[1]].shape == (weights[cast.input[0]].shape[0], 1, 1, 1)
     assert small.ByteSize() < plain.ByteSize()
 
 
-def test_int8_weights_that_miss_the_target_fall_back_to_float_weights():
+def test_weights_rung_is_folded_by_ort(tmp_path):
+    # ORT folds Cast + Mul of constants at load: the layer is a plain float Conv at run time
+    from onnxslim_kit.passes._quant_qdq import (
+        quantize_weight,
+        scaled_cast,
+        weight_scales,
+    )
+
+    from onnxslim_kit.model import Model
+
+    model = conv_chain(np.random.default_rng(11))
+    m = Model.from_proto(model)
+    conv = next(n for n in m.graph.nodes if n.op == "Conv")
+    w0 = conv.inputs[1].values
+    scales = weight_scales(w0, 0)
+    conv.inputs[1] = scaled_cast(m, m.graph, quantize_weight(w0, scales, 0), scales.reshape(-1, 1, 1, 1))
+    m.commit()
+    proto = m.to_proto()
+    fused = optimized_ops(proto, tmp_path)
+    assert fused["Cast"] == 0 and fused["Mul"] == 0 and fused["DequantizeLinear"] == 0
+    feeds = {"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    assert cosine(run_ort(model, feeds)[0], run_ort(proto, feeds)[0]) > 0.9999
+
+
+def test_layers_whose_int8_weights_miss_the_target_go_float():
     # the middle conv's weights hold one input channel 300× smaller: 8 bits per output
     # channel flatten it, so even computing in float that layer needs its float weight
-    _, rep = quantize(outlier_model(), "target=cos:0.9995,fallback_weights=int8")
-    assert rep.metrics["fallback_weights"] == "float" and "Conv→int8 weights only" not in rep.rewrites
-    assert any("searched again with float weights" in n for n in rep.notes)
+    out, rep = quantize(outlier_model(), "target=cos:0.9995,ladder=weights")
+    assert rep.metrics["layers_float"] >= 1
     assert rep.verification["outputs"]["y"]["cosine"] >= 0.9995
+    inits = {t.name for t in out.graph.initializer}
+    assert any(n.op_type == "Conv" and n.input[1] in inits for n in out.graph.node)  # a float weight
+
+
+def test_bad_ladder_is_a_user_error():
+    from onnxslim_kit.errors import UserError
+
+    with pytest.raises(UserError, match="unknown rung 'int4'"):
+        quantize(conv_chain(), "ladder=int4")
+
+
+def test_choose_fallback_ladder_search():
+    from onnxslim_kit.passes._quant_fallback import choose_fallback
+
+    # 6 layers; a layer costs `cost` in static int8, 0.3 on rung r1 (a, b, c, d have it), 0.05 on
+    # r2 (only a), 0 float; the score is 1 − total cost / 100
+    cost = {"a": 5.0, "b": 4.0, "c": 3.0, "d": 2.0, "e": 0.5, "f": 0.4}
+    rung_cost = {"r1": 0.3, "r2": 0.05, "float": 0.0}
+    options = {"a": ["r1", "r2"], "b": ["r1"], "c": ["r1"], "d": ["r1"]}
+
+    def build(assign):
+        return sum(cost[n] if c == "int8" else rung_cost[c] for n, c in assign.items())
+
+    def score(total, stop_below=None):
+        return 1 - total / 100
+
+    def split(chosen):
+        return {c: sorted(n for n in chosen if chosen[n] == c) for c in set(chosen.values())}
+
+    # every layer on its first rung (e, f float) meets 0.985; then as few as possible leave int8
+    chosen, value, sens = choose_fallback(list(cost), build, score, 0.985, options)
+    assert split(chosen) == {"r1": ["a", "b", "c", "d"], "float": ["e", "f"]} and value == pytest.approx(0.988)
+    assert max(sens, key=sens.get) == "a"  # ranked end to end, each layer alone
+    # r1 everywhere misses 0.9935: level 2 (a on r2, the rest float) meets it; then the most
+    # sensitive stay at level 2 and the others climb back, level by level
+    chosen, value, _ = choose_fallback(list(cost), build, score, 0.9935, options)
+    assert split(chosen) == {"r2": ["a"], "float": ["b", "e", "f"], "r1": ["c", "d"]}
+    assert value == pytest.approx(1 - 0.65 / 100)
+    # no rungs: the plain top-k float search
+    chosen, value, _ = choose_fallback(list(cost), build, score, 0.985)
+    assert split(chosen) == {"float": ["a", "b", "c", "d"], "int8": ["e", "f"]} and value == pytest.approx(0.991)
+
+
+def test_dynamic_rung_adapts_to_each_input_range(tmp_path):
+    # samples whose scale differs by 100×: one static range wastes the small ones' levels,
+    # DynamicQuantizeLinear takes each input's own range
+    model = build("h = MatMul (x, w1)\ny = MatMul (h, w2)", "float[16, 64] x", {"w1": w(64, 64), "w2": w(64, 32)})
+    feed = CalibrationFeed(input_specs(model), [
+        {"x": (RNG.standard_normal((16, 64)) * s).astype(np.float32)} for s in (100.0, 1.0, 0.5, 1.0)])
+    out, report = run_pipeline(model, parse_pass_list("int8(target=cos:0.999,speed_check=false,smooth=0)"), feed,
+                               verify_samples=4)
+    rep = report.passes[-1]
+    assert rep.metrics["layers_dynamic"] >= 1 and rep.metrics["layers_float"] == 0
+    assert rep.rewrites["MatMul→int8 dynamic"] == rep.metrics["layers_dynamic"]
+    assert rep.verification["outputs"]["y"]["cosine"] >= 0.999
+    assert optimized_ops(out, tmp_path)["DynamicQuantizeMatMul"] == rep.metrics["layers_dynamic"]
+
+
+def test_weights_rung_undoes_smoothing():
+    # smoothed Q/K projections that fall back to int8 weights read the original input with the
+    # original weight (quantized): the smoothing Mul is gone, the weights match the originals
+    scale = np.ones(32, np.float32)
+    scale[[3, 17, 30]] = 50.0
+    wq, wk = w(32, 16), w(32, 16)
+    model = build("h = Mul (x, s)\nq = MatMul (h, wq)\nk = MatMul (h, wk)\ny = Add (q, k)", "float[8, 32] x",
+                  {"s": scale, "wq": wq, "wk": wk})
+    out, rep = quantize(model, "target=cos:0.9999,ladder=weights")
+    assert rep.rewrites["smoothed activation"] == 1 and rep.metrics["layers_weights"] >= 1
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    made_by = {o: n for n in out.graph.node for o in n.output}
+    weight_only = [n for n in out.graph.node if n.op_type == "MatMul" and made_by[n.input[1]].op_type == "Mul"]
+    assert len(weight_only) == rep.metrics["layers_weights"]
+    for node in weight_only:
+        assert node.input[0] == "h"  # the unsmoothed input
+        mul = made_by[node.input[1]]
+        got = inits[made_by[mul.input[0]].input[0]].astype(np.float32) * inits[mul.input[1]]
+        assert min(np.abs(got - ref).max() for ref in (wq, wk)) <= np.abs(wq).max() / 127  # the original weight
+    if rep.metrics["layers_weights"] == 2:  # the smoothing Mul lost its readers
+        assert ops(out)["Mul"] == 1 + 2
 
 
 def test_scorer_stops_at_the_first_sample_that_proves_failure():
