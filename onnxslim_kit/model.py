@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 
 from .errors import UserError
 from .scopes import share_subgraph_constants
-from .streaming import anchor_external_data, external_bytes, has_anchored, map_constants, unmap_constants, write_external
+from .streaming import anchor_external_data, external_bytes, has_anchored, map_constants, proto_size, unmap_constants, write_external
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -251,7 +251,7 @@ def _min_ir_version(proto: onnx.ModelProto) -> int:
 # --- saving ----------------------------------------------------------------------------
 
 def needs_external_data(proto: onnx.ModelProto) -> bool:
-    return proto.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    return proto_size(proto) > EXTERNAL_DATA_THRESHOLD
 
 
 def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) -> Path:
@@ -296,4 +296,4 @@ def _retire_previous(path: Path, tmpdir: Path) -> None:
 
 def model_size_bytes(proto: onnx.ModelProto) -> int:
     """Bytes the model takes on disk (protobuf plus weights, however they are stored)."""
-    return proto.ByteSize() + external_bytes(proto)
+    return proto_size(proto) + external_bytes(proto)

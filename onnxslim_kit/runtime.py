@@ -8,13 +8,16 @@ counts are explicit arguments, never global settings.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 
-from .streaming import copy_fields, is_anchored, relocate_anchored, tensor_array, tensor_nbytes
+from .streaming import (NUMPY_DTYPES, copy_fields, copy_fields_except_data, is_anchored, relocate_anchored, set_location,
+                        tensor_nbytes)
 
 OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -41,41 +44,55 @@ def make_session(
 ) -> ort.InferenceSession:
     """A session for a proto or a file path.
 
-    A proto's large main-graph initializers are not serialized: ORT gets a skeleton proto
-    (those tensors as external-data stubs) and the weights as arrays through
-    ``add_external_initializers``, which it uses without copying (see :func:`split_weights`).
-    Serializing would hold the weights three times at once (Python bytes, ORT's parsed proto,
-    ORT's tensors); this holds them once (MiniLM: −170 MB per session).
+    A proto's weights are never serialized with it (that would hold them three times at once:
+    Python bytes, ORT's parsed proto, ORT's tensors). ORT gets a skeleton proto whose large
+    initializers are external data (:func:`split_weights`) in a file it maps itself: the
+    model's own data files for weights left on disk (:mod:`.streaming`), else a temporary file
+    written one tensor at a time and unlinked once the session holds it. MiniLM (88 MB):
+    a session costs ≈ 1× the weights instead of 3×.
     """
     so = session_options(opt_level, threads)
     providers = providers or ["CPUExecutionProvider"]
     if isinstance(model, (str, Path)):
         return ort.InferenceSession(str(model), so, providers=providers)
-    skeleton, names, arrays, folder = split_weights(model)
-    if folder is not None:  # weights left on disk: ORT maps them from their files itself
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
-    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
-    if names:
-        so.add_external_initializers(names, values)
-    session = ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
-    session._slim_weights = (arrays, values)  # kept alive with the session (ORT is handed the buffers)
-    return session
+    skeleton, moved, folder = split_weights(model)
+    if not moved:
+        if folder is not None:  # weights left on disk: ORT maps them from their files
+            so.add_session_config_entry(EXTERNAL_FOLDER, folder)
+        return ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
+    if folder is not None:  # both kinds: ORT reads one folder, the in-memory weights go as arrays
+        so.add_session_config_entry(EXTERNAL_FOLDER, folder)
+        arrays = [np.ascontiguousarray(numpy_helper.to_array(t)) for _, t in moved]
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+        for stub, _ in moved:
+            set_location(stub, "in-memory", 0, 0)
+        so.add_external_initializers([t.name for _, t in moved], values)
+        session = ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
+        session._slim_weights = (arrays, values)  # ORT is handed the buffers: keep them alive
+        return session
+    with tempfile.TemporaryDirectory(prefix="slim-ort-", ignore_cleanup_errors=True) as tmp:
+        with open(Path(tmp) / SPILL, "wb") as fh:
+            for stub, tensor in moved:
+                start = -(-fh.tell() // 4096) * 4096  # page-aligned: ORT maps instead of reading
+                fh.write(b"\0" * (start - fh.tell()))
+                data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
+                fh.write(data)
+                set_location(stub, SPILL, start, len(data))
+        so.add_session_config_entry(EXTERNAL_FOLDER, tmp)
+        return ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
 
 
+EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+SPILL = "weights.bin"
 SPLIT_MIN_BYTES = 1024
-_NUMPY_TYPES = {getattr(onnx.TensorProto, n): np.dtype(d) for n, d in (
-    ("FLOAT", np.float32), ("FLOAT16", np.float16), ("DOUBLE", np.float64), ("INT8", np.int8),
-    ("UINT8", np.uint8), ("INT16", np.int16), ("UINT16", np.uint16), ("INT32", np.int32),
-    ("UINT32", np.uint32), ("INT64", np.int64), ("UINT64", np.uint64), ("BOOL", np.bool_))}
 
 
 def split_weights(proto: onnx.ModelProto) -> tuple:
-    """(skeleton, names, arrays, folder): a copy of ``proto`` whose large in-memory main-graph
-    initializers are in-memory external-data stubs, their names and values; tensors left on
-    disk (anchored, :mod:`onnxslim_kit.streaming`) keep pointing at their files, relative to
-    ``folder`` (None when there are none), for ORT to map.
+    """(skeleton, moved, folder): a copy of ``proto`` built field by field, whose large in-memory
+    main-graph initializers are empty stubs — ``moved`` pairs each stub with its source tensor —
+    and whose tensors left on disk (anchored, :mod:`.streaming`) name their files relative to
+    ``folder`` (None when there are none).
 
-    The skeleton is built field by field, never copying the initializers it replaces.
     Initializers that are also graph inputs (overridable at run time), and types numpy cannot
     hold exactly, are copied as they are.
     """
@@ -83,18 +100,16 @@ def split_weights(proto: onnx.ModelProto) -> tuple:
     copy_fields(proto, skeleton, skip=("graph",))
     copy_fields(proto.graph, skeleton.graph, skip=("initializer",))
     inputs = {i.name for i in proto.graph.input}
-    names, arrays = [], []
+    moved = []
     for init in proto.graph.initializer:
-        dtype = _NUMPY_TYPES.get(init.data_type)
-        if is_anchored(init) or dtype is None or init.name in inputs or tensor_nbytes(init) < SPLIT_MIN_BYTES:
+        if (is_anchored(init) or init.data_type not in NUMPY_DTYPES or init.name in inputs
+                or tensor_nbytes(init) < SPLIT_MIN_BYTES):
             skeleton.graph.initializer.append(init)
             continue
-        stub = skeleton.graph.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        stub.external_data.add(key="location", value="in-memory")
-        names.append(init.name)
-        arrays.append(tensor_array(init))
-    return skeleton, names, arrays, relocate_anchored(skeleton)
+        stub = skeleton.graph.initializer.add()
+        copy_fields_except_data(init, stub)
+        moved.append((stub, init))
+    return skeleton, moved, relocate_anchored(skeleton)
 
 
 _FLOAT_INPUTS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}

@@ -59,7 +59,7 @@ def anchor_external_data(proto: onnx.ModelProto, base_dir) -> int:
         length = info.length if info.length else tensor_nbytes(tensor)
         if length is None or (info.offset or 0) + length > sizes[target]:
             raise OSError(f"tensor {tensor.name!r}: {target} is shorter than the tensor's extent")
-        _set_location(tensor, str(target), info.offset or 0, length)
+        set_location(tensor, str(target), info.offset or 0, length)
         count += 1
     return count
 
@@ -74,12 +74,40 @@ def has_anchored(proto: onnx.ModelProto) -> bool:
     return any(is_anchored(t) for t in _get_all_tensors(proto))
 
 
-def relative_copy(proto: onnx.ModelProto) -> tuple:
-    """(copy, folder): a copy of ``proto`` whose anchored tensors name their data files relative
-    to ``folder`` (see :func:`relocate_anchored`). Cheap: the anchored bytes are not in the proto."""
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    return out, relocate_anchored(out)
+def checker_view(proto: onnx.ModelProto, folder) -> onnx.ModelProto:
+    """What the onnx checker needs of ``proto``, without its weights: a copy whose large
+    main-graph tensors (and every anchored one) are external-data stubs into a sparse file of
+    zeros written in ``folder`` (no disk blocks, no memory), where the checker must run.
+
+    The checker reads names, types, shapes and the data file's extent; shape inference reads
+    the values of integer tensors only (shape arithmetic), which stay in the copy. The
+    serialization and parse the checker does cost kilobytes instead of two copies of the model.
+    """
+    view = onnx.ModelProto()
+    copy_fields(proto, view, skip=("graph",))
+    copy_fields(proto.graph, view.graph, skip=("initializer",))
+    stubs = []
+    for tensor in proto.graph.initializer:
+        size = tensor_nbytes(tensor)
+        if is_anchored(tensor) or (size is not None and size >= 1024 and tensor.data_type not in _SHAPE_TYPES):
+            stub = view.graph.initializer.add()
+            copy_fields_except_data(tensor, stub)
+            stubs.append((stub, size if size is not None else ExternalDataInfo(tensor).length))
+        else:
+            view.graph.initializer.append(tensor)
+    stubs += [(t, ExternalDataInfo(t).length or tensor_nbytes(t) or 0) for t in _get_all_tensors(view)
+              if is_anchored(t)]
+    offset = 0
+    for stub, size in stubs:
+        set_location(stub, CHECKER_STUB, offset, size)
+        offset += size
+    with open(Path(folder) / CHECKER_STUB, "wb") as fh:
+        fh.truncate(offset)
+    return view
+
+
+CHECKER_STUB = "weights.stub"
+_SHAPE_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 
 
 def relocate_anchored(proto: onnx.ModelProto) -> str | None:
@@ -92,7 +120,7 @@ def relocate_anchored(proto: onnx.ModelProto) -> str | None:
     folder = os.path.commonpath([os.path.dirname(ExternalDataInfo(t).location) for t in anchored])
     for tensor in anchored:
         info = ExternalDataInfo(tensor)
-        _set_location(tensor, os.path.relpath(info.location, folder), info.offset or 0, info.length or 0)
+        set_location(tensor, os.path.relpath(info.location, folder), info.offset or 0, info.length or 0)
     return folder
 
 
@@ -139,6 +167,43 @@ def unmap_constants(graph) -> None:
         source = getattr(values, "_slim_source", None)
         if source is not None and isinstance(values, np.memmap) and values.shape == tuple(source.dims):
             tensor._values = MappedValues(source)
+
+
+def proto_size(proto: onnx.ModelProto) -> int:
+    """``proto.ByteSize()``, exactly, without serializing the weights: upb's ByteSize encodes
+    the message (for an 88 MB model: two transient copies, half a second, and on a tensor the
+    buffer stays in the model's arena). Main-graph initializers are sized field by field."""
+    if not proto.HasField("graph") or not len(proto.graph.initializer):
+        return proto.ByteSize()
+    rest, graph = onnx.ModelProto(), onnx.GraphProto()
+    copy_fields(proto, rest, skip=("graph",))
+    copy_fields(proto.graph, graph, skip=("initializer",))
+    tag = 1  # field numbers 5 (GraphProto.initializer), 7 (ModelProto.graph), 9 (raw_data): one byte
+    graph_size = graph.ByteSize() + sum(_field_size(tag, _tensor_size(t)) for t in proto.graph.initializer)
+    return rest.ByteSize() + _field_size(tag, graph_size)
+
+
+def _tensor_size(tensor: onnx.TensorProto) -> int:
+    if not tensor.HasField("raw_data"):
+        return tensor.ByteSize()  # values in typed fields: small tensors in practice
+    stub = onnx.TensorProto()
+    copy_fields(tensor, stub, skip=("raw_data",))
+    dtype = NUMPY_DTYPES.get(tensor.data_type)
+    n = int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize if dtype is not None else len(tensor.raw_data)
+    return stub.ByteSize() + _field_size(1, n)
+
+
+NUMPY_DTYPES = {getattr(onnx.TensorProto, n): np.dtype(d) for n, d in (
+    ("FLOAT", np.float32), ("FLOAT16", np.float16), ("DOUBLE", np.float64), ("INT8", np.int8),
+    ("UINT8", np.uint8), ("INT16", np.int16), ("UINT16", np.uint16), ("INT32", np.int32),
+    ("UINT32", np.uint32), ("INT64", np.int64), ("UINT64", np.uint64), ("BOOL", np.bool_))}
+
+
+def _field_size(tag_bytes: int, size: int) -> int:
+    varint = 1
+    while size >= 128 ** varint:
+        varint += 1
+    return tag_bytes + varint + size
 
 
 def external_bytes(proto: onnx.ModelProto) -> int:
@@ -203,8 +268,7 @@ class _DataWriter:
                         raise OSError(f"{info.location}: ended before tensor {tensor.name!r}")
                     fh.write(chunk)
                     left -= len(chunk)
-        elif tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= self.threshold:
-            data = tensor.raw_data
+        elif tensor.HasField("raw_data") and sys.getsizeof(data := tensor.raw_data) >= self.threshold:
             length = len(data)
             fh = self._open()
             start = self._align(fh, length)
@@ -213,7 +277,7 @@ class _DataWriter:
             return None
         out = onnx.TensorProto()
         copy_fields_except_data(tensor, out)
-        _set_location(out, self.data_name, start, length)
+        set_location(out, self.data_name, start, length)
         self.offset = start + length
         return out
 
@@ -233,16 +297,20 @@ class _DataWriter:
 
 
 def copy_fields(src, dst, skip: tuple = ()) -> None:
-    """Copy every set field of protobuf message ``src`` into ``dst`` except those in ``skip``."""
-    for fd, value in src.ListFields():
+    """Copy every set field of protobuf message ``src`` into ``dst`` except those in ``skip``
+    (whose values are never touched: reading ``raw_data`` would copy the bytes)."""
+    for fd in src.DESCRIPTOR.fields:
         if fd.name in skip:
             continue
         if fd.is_repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.type == fd.TYPE_MESSAGE:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
+            values = getattr(src, fd.name)
+            if len(values):
+                getattr(dst, fd.name).extend(values)
+        elif src.HasField(fd.name) if fd.has_presence else getattr(src, fd.name) != fd.default_value:
+            if fd.type == fd.TYPE_MESSAGE:
+                getattr(dst, fd.name).CopyFrom(getattr(src, fd.name))
+            else:
+                setattr(dst, fd.name, getattr(src, fd.name))
 
 
 def copy_fields_except_data(tensor: onnx.TensorProto, out: onnx.TensorProto) -> None:
@@ -250,7 +318,7 @@ def copy_fields_except_data(tensor: onnx.TensorProto, out: onnx.TensorProto) -> 
                                    "string_data", "int64_data", "double_data", "uint64_data"))
 
 
-def _set_location(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+def set_location(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
     tensor.ClearField("raw_data")
     tensor.data_location = onnx.TensorProto.EXTERNAL
     del tensor.external_data[:]

@@ -19,6 +19,7 @@ dimension the graph needs to be 16) is a :class:`UserError` naming ``--input-sha
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 import onnx
@@ -27,26 +28,26 @@ from .errors import UserError
 from .metrics import compare, merge, within_tolerance
 from .model import needs_external_data
 from .runtime import make_session, run
-from .streaming import has_anchored, relative_copy
+from .streaming import checker_view
 
 
 def checker_error(proto: onnx.ModelProto) -> str | None:
-    """The checker's complaint about ``proto`` (None when it passes)."""
+    """The checker's complaint about ``proto`` (None when it passes).
+
+    It checks a weightless view (:func:`.streaming.checker_view`): the checker serializes and
+    parses what it is given, which for the whole model would be two transient copies."""
     if needs_external_data(proto):
         return None  # the checker needs a path for >2 GB models; ORT still runs below
-    folder = None
-    if has_anchored(proto):
-        # weights left on disk: the checker wants locations relative to the folder it runs in
-        proto, folder = relative_copy(proto)
     cwd = os.getcwd()
-    try:
-        if folder is not None:
-            os.chdir(folder)
-        onnx.checker.check_model(proto, full_check=True)
-    except Exception as exc:  # noqa: BLE001 - the checker raises several types
-        return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-    finally:
-        os.chdir(cwd)
+    with tempfile.TemporaryDirectory(prefix="slim-check-") as folder:
+        try:
+            view = checker_view(proto, folder)
+            os.chdir(folder)  # the checker resolves external data against the working folder
+            onnx.checker.check_model(view, full_check=True)
+        except Exception as exc:  # noqa: BLE001 - the checker raises several types
+            return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        finally:
+            os.chdir(cwd)
     return None
 
 

@@ -138,3 +138,21 @@ def test_original_passes_the_checker_when_lazy(tmp_path):
     path = save_external(chain_model(), tmp_path / "m.onnx")
     _, report = optimize(path, "fuse")
     assert report.original_check is None
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_checker_sees_through_the_weightless_view(tmp_path, lazy):
+    from onnxslim_kit.verify import checker_error
+
+    path = save_external(chain_model(), tmp_path / "m.onnx")
+    proto = load_proto(path, lazy=lazy)
+    assert checker_error(proto) is None
+    bad = onnx.ModelProto()
+    bad.CopyFrom(proto)
+    w0 = next(t for t in bad.graph.initializer if t.name == "W0")
+    w0.data_type = onnx.TensorProto.DOUBLE  # a large weight of the wrong type: strict shape inference fails
+    if not lazy:
+        w0.raw_data = np.zeros((64, 128)).tobytes()
+    assert "B has inconsistent type tensor(double)" in (checker_error(bad) or "")
+    del bad.graph.node[0].output[:]  # structure errors too
+    assert checker_error(bad) is not None
