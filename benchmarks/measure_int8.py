@@ -9,6 +9,12 @@ Per model (samples from ``inputs.py``, as ``run_suite.py`` makes them):
    ``ort_static``: QDQ, per-channel int8 weights, uint8 activations, min-max), each in a
    measured child process (:func:`anchors.measure`: wall time and peak RSS of that process,
    interpreter and imports included), ``--repeats`` times alternating, medians reported;
+   the *calibration phase* separately: ours from the int8 report (``seconds_calibration``:
+   SmoothQuant channel peaks, activation histograms and ranges — not the bias correction
+   or the fallback search, reported beside it), theirs timed inside the same
+   ``quantize_static`` run, from ``create_calibrator`` (augmented model, session) to the end
+   of ``compute_data`` (``collect_data`` over the same samples in between), by wrapping
+   ORT's ``create_calibrator`` in the child (:func:`timed_ort_static`);
 2. :func:`onnxslim_kit.bench.benchmark` on the evaluation samples, ORT optimizations on,
    1 intra-op thread, models interleaved round by round: latency ratio vs fp32 (median of
    per-round ratios, P10–P90), worst cosine over outputs and samples, the task metric;
@@ -75,7 +81,7 @@ def measure_model(name: str, args, work: Path) -> list:
         runners[f"ours: {pipeline}"] = lambda p=pipeline, d=dst: run_suite.run_pipeline(p, src, d, calib, 900)
     if not args.no_anchor:
         dst = work / f"{name}.ort_static.onnx"
-        runners["quantize_static"] = lambda d=dst: anchors.run_anchor("ort_static", src, d, calib)
+        runners["quantize_static"] = lambda d=dst: run_ort_static(src, d, calib)
     runs = {variant: [] for variant in runners}
     for _ in range(max(1, args.repeats)):  # tools alternate, so the load of the machine hits all alike
         for variant, runner in runners.items():
@@ -93,13 +99,62 @@ def measure_model(name: str, args, work: Path) -> list:
     return rows
 
 
+def timed_ort_static(src: Path, dst: Path, calib: Path) -> dict:
+    """``anchors``' quantize_static run, with its calibration phase timed (run in the child).
+
+    ORT's ``create_calibrator`` is wrapped: the clock starts when quantize_static calls it
+    and stops when the calibrator's ``compute_data`` returns."""
+    import importlib
+    import time
+
+    ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")  # the module, not the function
+
+    phase = {}
+    create = ort_quantize.create_calibrator
+
+    def timed_create(*args, **kwargs):
+        phase["start"] = time.perf_counter()
+        calibrator = create(*args, **kwargs)
+        compute = calibrator.compute_data
+
+        def timed_compute():
+            out = compute()
+            phase["seconds"] = time.perf_counter() - phase["start"]
+            return out
+
+        calibrator.compute_data = timed_compute
+        return calibrator
+
+    ort_quantize.create_calibrator = timed_create
+    notes = []
+    anchors._ort_static(Path(src), Path(dst), Path(calib), notes)
+    return {"notes": notes, "seconds_calibration": phase.get("seconds")}
+
+
+def run_ort_static(src: Path, dst: Path, calib: Path) -> dict:
+    """quantize_static as ``anchors.run_anchor("ort_static")`` runs it (measured child), plus
+    its calibration phase's wall time (:func:`timed_ort_static`)."""
+    row = anchors.new_row("ort_static")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--ort-static-child", str(Path(src).resolve()),
+           str(Path(dst).resolve()), str(Path(calib).resolve())]
+    anchors.run_tool(row, cmd, Path(dst), 900)
+    try:
+        info = json.loads(row.pop("stdout").strip().splitlines()[-1])
+        row["notes"], row["seconds_calibration"] = info["notes"], info["seconds_calibration"]
+    except (IndexError, ValueError, KeyError):
+        pass
+    return row
+
+
 def median_row(variant: str, rows: list) -> dict:
     """The last run's row with the median wall time and peak memory of all runs."""
     row = {**rows[-1], "variant": variant}
     ok = [r for r in rows if not r["error"]]
-    for key in ("wall_seconds", "peak_rss_mb"):
+    for row_ in rows:  # ours: the calibration phase from the int8 report
+        row_.setdefault("seconds_calibration", int8_entry(row_).get("metrics", {}).get("seconds_calibration"))
+    for key in ("wall_seconds", "peak_rss_mb", "seconds_calibration"):
         values = [r[key] for r in ok if r[key] is not None]
-        row[key] = float(np.median(values)) if values else row[key]
+        row[key] = float(np.median(values)) if values else row.get(key)
         row[key + "_all"] = values
     return row
 
@@ -107,15 +162,19 @@ def median_row(variant: str, rows: list) -> dict:
 def cells(row: dict, fp32: dict) -> list:
     bench, tool, entry = row["bench"], row["tool"], row["int8"]
     if tool and tool["error"]:
-        return [row["variant"], f"failed: {tool['error']}"] + [""] * 7
+        return [row["variant"], f"failed: {tool['error']}"] + [""] * (len(HEADER) - 2)
     drift = bench.get("drift") or {}
     cos = min((d["cosine"] for d in drift.values() if d), default=None) if tool else None
     metric = bench.get("metric") or {}
     ratio, spread = bench.get("latency_ratio_vs_first"), bench.get("latency_ratio_spread")
     size = bench.get("size_bytes", 0) / max(1, fp32.get("size_bytes", 1))
     metrics = entry.get("metrics", {})
-    search = (f"{metrics.get('layers_float', 0)} float / {metrics.get('layers_int8', 0)} int8, "
+    rungs = "".join(f" / {metrics[f'layers_{r}']} {r}" for r in ("dynamic", "weights") if metrics.get(f"layers_{r}"))
+    search = (f"{metrics.get('layers_float', 0)} float / {metrics.get('layers_int8', 0)} int8{rungs}, "
               f"{metrics.get('fallback_builds', 0)} builds" if metrics else "")
+    phases = (f"; s: bias corr. {metrics.get('seconds_bias_correction', 0):.1f}, "
+              f"fallback {metrics.get('seconds_fallback', 0):.1f}" if metrics else "")
+    calib_s = tool.get("seconds_calibration") if tool else None
     notes = "; ".join(entry.get("notes", [])[:2])
     return [row["variant"],
             "reference" if tool is None else (f"{cos:.4f}" if cos is not None else "—"),
@@ -125,18 +184,21 @@ def cells(row: dict, fp32: dict) -> list:
             f"{size:.2f}×",
             (f"{tool['wall_seconds']:.1f}" + (f" ({', '.join(f'{v:.0f}' for v in tool['wall_seconds_all'])})"
                                                if len(tool["wall_seconds_all"]) > 1 else "")) if tool else "",
+            f"{calib_s:.1f}" if calib_s is not None else "",
             f"{tool['peak_rss_mb']:.0f}" if tool else "",
-            search, notes.replace("|", "/")]
+            search + phases, notes.replace("|", "/")]
 
 
 HEADER = ["variant", "worst cos", "task (vs labels)", "latency × fp32 (P10–P90)", "size × fp32", "tool s",
-          "tool peak MB", "int8 layers", "notes"]
+          "calibration s", "tool peak MB", "int8 layers", "notes"]
 
 
 def markdown(results: dict, command: str) -> str:
     intro = ("ORT CPU, 1 intra-op thread, optimizations on, models interleaved; latency ratio = median of "
              "per-round ratios. Tool time and peak memory: one child process each (interpreter and imports "
-             "included). Shared 2-core machine: noisy, especially tool times (load average below).")
+             "included). Calibration s: ours = SmoothQuant peaks + activation ranges (int8 report); "
+             "quantize_static = create_calibrator → collect_data → compute_data inside its run. "
+             "Shared 2-core machine: noisy, especially tool times (load average below).")
     lines = [f"# int8 vs quantize_static — {results['started']}", "", f"`{command}`", "", intro, ""]
     for name, rows in results["models"].items():
         lines += [f"## {name}", "", f"load average before: {results['load'][name]}", "",
@@ -148,9 +210,12 @@ def markdown(results: dict, command: str) -> str:
 
 
 def main(argv: list | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    given = sys.argv[1:] if argv is None else argv
-    command = "python benchmarks/measure_int8.py " + " ".join(shlex.quote(a) for a in given)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--ort-static-child"]:  # SRC DST NPZ: the measured quantize_static child
+        print(json.dumps(timed_ort_static(*map(Path, argv[1:4]))))
+        return 0
+    args = parse_args(argv)
+    command = "python benchmarks/measure_int8.py " + " ".join(shlex.quote(a) for a in argv)
     started = datetime.now(timezone.utc)
     results = {"started": started.isoformat(timespec="minutes"), "models": {}, "load": {}}
     with tempfile.TemporaryDirectory(prefix="int8-measure-") as tmp:

@@ -118,6 +118,40 @@ def insert_qdq(model, graph: gs.Graph, tensor: gs.Variable, scale, zero, readers
     return outs
 
 
+def add_gated_twins(model, plan) -> dict:
+    """Every layer's twin (:func:`add_quantized_twins`) switched into the main path by a bool
+    graph input: ``y = Where(gate, twin, float)``, readers of ``y`` rewired; returns
+    ``{layer name: gate input name}``. With one gate on, one run of this model gives the
+    outputs with that layer alone quantized (inputs, weights, and its output Q point, applied
+    before a following Relu / Clip: the Q's range clamps as they do) — the end-to-end ranking
+    of the fallback from one session instead of one build per layer.
+    """
+    graph = model.graph
+    pairs = add_quantized_twins(model, plan)
+    tensors = graph.tensors()
+    specs = {spec.name: spec for spec in plan.layers}
+    gates = {}
+    for layer, float_name, twin_name in pairs:
+        y, twin = tensors[float_name], tensors[twin_name]
+        if any(o is y for o in graph.outputs):
+            continue  # a graph output: that layer is ranked by its own build
+        out_params = plan.params.get(specs[layer].output)
+        if out_params is not None and specs[layer].inputs:  # the output's Q point (after a Relu / Clip it
+            twin = insert_qdq(model, graph, twin, *out_params, readers=[])[0]  # clamps like them: the same)
+        readers = list(y.outputs)
+        gate = gs.Variable(model.fresh_name("int8/gate"), dtype=np.bool_, shape=[])
+        picked = gs.Variable(model.fresh_name("int8/gated"), dtype=np.float32, shape=y.shape)
+        graph.nodes.append(gs.Node("Where", name=model.fresh_name("int8/Where"), inputs=[gate, twin, y],
+                                   outputs=[picked]))
+        graph.inputs.append(gate)
+        for node in readers:
+            for i, t in enumerate(node.inputs):
+                if t is y:
+                    node.inputs[i] = picked
+        gates[layer] = gate.name
+    return gates
+
+
 def add_quantized_twins(model, plan) -> list:
     """For every layer of ``plan``, a side copy reading fake-quantized inputs and weights.
 

@@ -51,7 +51,10 @@ it float (with ``smooth``, an exactly equivalent rebalanced float graph).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
@@ -68,6 +71,7 @@ from ._quant_io import make_integer_io
 from ._quant_qdq import (
     RUNGS,
     activation_params,
+    add_gated_twins,
     apply_plan,
     is_quantized,
     rungs_of,
@@ -141,6 +145,8 @@ class Int8Pass(Pass):
                               "then the `refine` first re-ranked end to end), auto (e2e when ≥ 1/4 of the "
                               "layers are MatMul/Gemm, else hybrid)", ("auto", "hybrid", "e2e", "local")),
         "refine": Option(int, 8, "sensitivity=hybrid: layers re-scored end to end"),
+        "gated_ranking": Option(bool, True, "sensitivity=e2e: rank from one session holding every layer's "
+                                "quantized twin behind a switch (instead of one build per layer; same ranking)"),
         "rank_samples": Option(int, 1, "samples used to rank layers end to end (e2e, hybrid)"),
         "ladder": Option(str, "dynamic;weights", "fallback rungs between static int8 and float, ';'-separated, "
                          "from int8 towards float: dynamic (MatMul/Gemm: DynamicQuantizeLinear + MatMulInteger), "
@@ -181,21 +187,28 @@ class Int8Pass(Pass):
         if opts["cle"]:
             result.metrics["cle_pairs"] = equalize(model.graph, result)
         layers = self._layers(model, opts, result)
+        start = time.perf_counter()  # the calibration phase: smoothing peaks, activation ranges
         unsmoothed = self._smooth(model, layers, ctx, result) if opts["smooth"] > 0 else {}
         if unsmoothed:
             layers = self._layers(model, opts, PassResult())  # the same layers, rewired inputs
         stats = self._calibrate(model, layers, ctx)
         plan = self._plan(model, layers, stats, opts, per_channel, result)
+        result.metrics["seconds_calibration"] = round(time.perf_counter() - start, 2)
+        start = time.perf_counter()
         for spec in plan.layers:
             spec.unsmoothed = unsmoothed.get(spec.name)
         sensitivity = None
-        if opts["bias_correction"] and plan.layers:
+        if opts["bias_correction"] and any(s.op in ("Conv", "Gemm") and s.weight_index is not None
+                                           for s in plan.layers):  # else nothing to correct (MatMul: no bias)
             plan.bias_shift, sensitivity = measure_twins(trial_copy(model), plan, self._eval_samples(ctx))
             result.metrics["bias_corrected"] = len(plan.bias_shift)
+            result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
         enabled = {spec.name for spec in plan.layers}
         rungs = self._rungs(plan, ladder)
         if opts["fallback"] and target is not None and enabled:
+            start = time.perf_counter()
             enabled, rungs = self._fallback(model, plan, enabled, rungs, target, ctx, result, sensitivity)
+            result.metrics["seconds_fallback"] = round(time.perf_counter() - start, 2)
         else:
             rungs = {}
         if opts["speed_check"] and enabled and not self._pays_off(model, plan, enabled, rungs, ctx, result):
@@ -346,8 +359,20 @@ class Int8Pass(Pass):
             lambda: sensitivity or measure_twins(trial_copy(model), plan, samples, correct=False)[1])
         ranker = scorer.head(max(1, ctx.options["rank_samples"]))
         refine = ctx.options["refine"] if mode == "hybrid" else 0
+
+        def gated(todo: list) -> dict:
+            """End-to-end sensitivities from one session (:func:`._quant_qdq.add_gated_twins`)."""
+            trial = trial_copy(model)
+            gates = {n: g for n, g in add_gated_twins(trial, plan).items() if n in todo}
+            shared.strip(trial.graph)
+            ranker.builds += 1
+            session = shared.session(trial.to_proto())
+            off = {g: np.array(False) for g in gates.values()}
+            return {n: 1.0 - ranker.score_session(session, extra={**off, g: np.array(True)})
+                    for n, g in ctx.progress(gates.items(), desc="int8 sensitivity", total=len(gates))}
+
         chosen, score, _ = choose_fallback(names, build, scorer, value, rungs, ctx.progress, ctx.log, local, ranker,
-                                           refine)
+                                           refine, gated if ctx.options["gated_ranking"] and mode == "e2e" else None)
         on_rung = {n: c for n, c in chosen.items() if c in RUNGS}
         float_layers = [n for n, c in chosen.items() if c == "float"]
         result.metrics["sensitivity"] = mode

@@ -536,3 +536,17 @@ def test_speed_check_keeps_float_when_int8_is_not_faster(margin, kept_float):
         assert not rep.modified  # nothing to verify: the graph is the original
     else:
         assert ops(out)["QuantizeLinear"] == 3 and rep.metrics["layers_int8"] == 3
+
+
+@pytest.mark.parametrize("ladder", ["none", "weights"])
+def test_gated_ranking_matches_one_build_per_layer(ladder):
+    # one session with every layer's twin behind a switch ranks like one build per layer
+    # (Conv → Relu output points included), with far fewer builds
+    model = outlier_model()
+    opts = f"target=cos:0.9995,sensitivity=e2e,ladder={ladder}"
+    gated, rep_gated = quantize(model, opts + ",gated_ranking=true")
+    built, rep_built = quantize(model, opts + ",gated_ranking=false")
+    for key in ("layers_int8", "layers_float", "layers_weights", "target_cos"):
+        assert rep_gated.metrics[key] == rep_built.metrics[key], key
+    assert rep_gated.metrics["fallback_builds"] < rep_built.metrics["fallback_builds"]
+    assert rep_gated.notes == rep_built.notes
