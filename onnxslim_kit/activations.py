@@ -11,23 +11,14 @@ from typing import Iterable, Iterator
 
 import onnx
 
-from .runtime import make_session, run
+from .runtime import add_outputs, make_session, run
 
 
 def with_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
     """A copy of ``proto`` whose graph also outputs ``names`` (types taken from value_info when known)."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    existing = {o.name for o in out.graph.output}
-    known = {v.name: v for v in list(out.graph.value_info) + list(out.graph.input)}
-    for name in names:
-        if name in existing:
-            continue
-        if name in known:
-            out.graph.output.append(known[name])
-        else:
-            out.graph.output.append(onnx.ValueInfoProto(name=name))
-        existing.add(name)
+    add_outputs(out, names)
     return out
 
 
@@ -39,7 +30,8 @@ def iter_activations(
     threads: int = 0,
 ) -> Iterator[dict]:
     """For each sample, ``{name: array}`` of the requested tensors (graph outputs included)."""
-    session = make_session(with_outputs(proto, names), opt_level=opt_level, threads=threads)
+    # the outputs are added to the session's skeleton proto: no copy of the model's weights
+    session = make_session(proto, opt_level=opt_level, threads=threads, extra_outputs=names)
     wanted = set(names)
     for sample in samples:
         # no local keeps this sample's tensors: a consumer that drops (or clears) the dict it

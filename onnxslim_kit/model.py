@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,8 @@ from google.protobuf.message import DecodeError
 
 from .errors import UserError
 from .scopes import share_subgraph_constants
-from .streaming import anchor_external_data, external_bytes, has_anchored, map_constants, proto_size, unmap_constants, write_external
+from .streaming import (anchor_external_data, external_bytes, has_anchored, map_constants, proto_size,
+                        unmap_constants, weightless, write_external, write_serialized)
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -133,9 +134,16 @@ class Model:
     def load(cls, path) -> "Model":
         return cls.from_proto(load_proto(path))
 
-    def to_proto(self) -> onnx.ModelProto:
+    def to_proto(self, weights: bool = True) -> onnx.ModelProto:
+        """The model as a ModelProto. ``weights=False``: for structure, types and shape
+        inference only — float constants of 4 KB or more are exported as empty external-data
+        stubs (no copy of the weights; integer constants, which shape inference may read, keep
+        their values); such a proto cannot be run or saved."""
         for g in self.all_graphs():
             unmap_constants(g)  # unchanged weights on disk are exported as references, not bytes
+        if not weights:
+            with weightless(self.all_graphs()):
+                return self.to_proto()
         proto = gs.export_onnx(self.graph, do_type_check=False)
         share_subgraph_constants(proto.graph)
         proto.ir_version = max(self.ir_version, _min_ir_version(proto), _ir_for_initializers(proto))
@@ -148,6 +156,12 @@ class Model:
 
     def copy(self) -> "Model":
         return Model.from_proto(self.to_proto())
+
+    def snapshot(self) -> "Model":
+        """A copy of the graph that shares the constants' arrays (passes never mutate an array
+        in place, they assign new ones): the model as it is now, without copying weights."""
+        return replace(self, graph=self.graph.copy(), metadata_props=dict(self.metadata_props),
+                       load_notes=list(self.load_notes), _used_names=set(self._used_names))
 
     # --- helpers for passes -----------------------------------------------------
     @property
@@ -272,7 +286,7 @@ def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) 
                 os.replace(tmpdir / data_name, path.parent / data_name)
         else:
             with open(tmp_model, "wb") as fh:
-                fh.write(proto.SerializeToString())
+                write_serialized(proto, fh)  # = SerializeToString(), without the whole buffer
         os.replace(tmp_model, path)
     finally:
         for leftover in tmpdir.iterdir() if tmpdir.exists() else []:

@@ -233,10 +233,11 @@ def run_pipeline(
     if verifier is not None:
         report.original_check = verifier.original_check
     good_stats = report.before = model_stats(original)
-    last_good = original
-    for instance, options in resolved:
+    final = original  # the proto returned: the original itself until a pass is accepted
+    for index, (instance, options) in enumerate(resolved):
         lossless = instance.is_lossless(options)
         log(f"{instance.name}: running")
+        snapshot = model.snapshot()  # for a rollback; shares the constants' arrays (never mutated)
         start = time.perf_counter()
         ctx = PassContext(options=options, feed=feed, original=original, progress=progress, log=log)
         result = instance.run(model, ctx)
@@ -254,7 +255,7 @@ def run_pipeline(
             entry.verification = check.to_dict()
             if check.status == "invalid" or (lossless and check.status == "failed"):
                 entry.rolled_back = True
-                model = Model.from_proto(last_good)
+                model = snapshot
                 report.passes.append(entry.finish(good_stats))
                 if strict:
                     raise VerificationError(
@@ -263,6 +264,9 @@ def run_pipeline(
                 continue
         good_stats = model_stats(candidate)
         report.passes.append(entry.finish(good_stats))
-        last_good = candidate
+        # no proto is kept while the next pass runs (one whole-model copy fewer); after the
+        # last pass the candidate is the result
+        final = candidate if index == len(resolved) - 1 else None
+        del candidate, snapshot
     report.after = good_stats
-    return last_good, report
+    return (final if final is not None else model.to_proto()), report

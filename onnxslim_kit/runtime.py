@@ -41,8 +41,10 @@ def make_session(
     opt_level: str = "disable",
     threads: int = 0,
     providers: list | None = None,
+    extra_outputs: list | None = None,
 ) -> ort.InferenceSession:
-    """A session for a proto or a file path.
+    """A session for a proto or a file path; ``extra_outputs``: intermediate tensors the
+    session also returns (proto only, see :func:`add_outputs`).
 
     A proto's weights are never serialized with it (that would hold them three times at once:
     Python bytes, ORT's parsed proto, ORT's tensors). ORT gets a skeleton proto whose large
@@ -56,6 +58,8 @@ def make_session(
     if isinstance(model, (str, Path)):
         return ort.InferenceSession(str(model), so, providers=providers)
     skeleton, moved, folder = split_weights(model)
+    if extra_outputs:
+        add_outputs(skeleton, extra_outputs)
     if not moved:
         if folder is not None:  # weights left on disk: ORT maps them from their files
             so.add_session_config_entry(EXTERNAL_FOLDER, folder)
@@ -80,6 +84,20 @@ def make_session(
                 set_location(stub, SPILL, start, len(data))
         so.add_session_config_entry(EXTERNAL_FOLDER, tmp)
         return ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
+
+
+def add_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> None:
+    """Make ``proto``'s graph also output ``names`` (in place)."""
+    existing = {o.name for o in proto.graph.output}
+    known = {v.name: v for v in list(proto.graph.value_info) + list(proto.graph.input)}
+    for name in names:
+        if name in existing:
+            continue
+        if name in known:
+            proto.graph.output.append(known[name])
+        else:
+            proto.graph.output.append(onnx.ValueInfoProto(name=name))
+        existing.add(name)
 
 
 EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"

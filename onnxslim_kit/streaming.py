@@ -21,6 +21,7 @@ The input files are only ever opened for reading.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -183,13 +184,18 @@ def proto_size(proto: onnx.ModelProto) -> int:
     return rest.ByteSize() + _field_size(tag, graph_size)
 
 
-def _tensor_size(tensor: onnx.TensorProto) -> int:
+def _tensor_size(tensor: onnx.TensorProto, exact: bool = False) -> int:
+    """The tensor's ByteSize; the raw_data length from dims and type unless ``exact`` (then
+    read, a transient copy of this tensor's bytes: a malformed tensor's stated size may lie)."""
     if not tensor.HasField("raw_data"):
         return tensor.ByteSize()  # values in typed fields: small tensors in practice
     stub = onnx.TensorProto()
     copy_fields(tensor, stub, skip=("raw_data",))
     dtype = NUMPY_DTYPES.get(tensor.data_type)
-    n = int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize if dtype is not None else len(tensor.raw_data)
+    if exact or dtype is None:
+        n = len(tensor.raw_data)
+    else:
+        n = int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize
     return stub.ByteSize() + _field_size(1, n)
 
 
@@ -206,6 +212,35 @@ def _field_size(tag_bytes: int, size: int) -> int:
     return tag_bytes + varint + size
 
 
+@contextlib.contextmanager
+def weightless(graphs, min_bytes: int = 4096):
+    """While open, float constants of ``min_bytes`` or more in ``graphs`` hold lazy values over
+    empty external-data stubs (location ``in-memory``), so an export copies no weights."""
+    swapped, seen = [], set()
+    for graph in graphs:
+        for tensor in graph.tensors().values():
+            values = getattr(tensor, "_values", None)
+            if id(tensor) in seen or values is None or not hasattr(tensor, "export_dtype") \
+                    or isinstance(values, MappedValues):
+                continue
+            seen.add(id(tensor))  # a constant read by a subgraph is listed by it too
+            dtype = np.dtype(tensor.dtype) if tensor.dtype is not None else None
+            if dtype is None or dtype.kind != "f" or getattr(values, "nbytes", 0) < min_bytes:
+                continue
+            if getattr(tensor, "export_dtype", None) not in (None, tensor.dtype):
+                continue  # exported as another type (bfloat16…): left as it is
+            stub = onnx.TensorProto(name=tensor.name, data_type=onnx.helper.np_dtype_to_tensor_dtype(dtype),
+                                    dims=list(tensor.shape))
+            set_location(stub, "in-memory", 0, 0)
+            swapped.append((tensor, values))
+            tensor._values = LazyValues(stub)
+    try:
+        yield
+    finally:
+        for tensor, values in swapped:
+            tensor._values = values
+
+
 def external_bytes(proto: onnx.ModelProto) -> int:
     """Bytes of the tensors that live in external data files."""
     total = 0
@@ -213,6 +248,66 @@ def external_bytes(proto: onnx.ModelProto) -> int:
         if uses_external_data(tensor):
             total += ExternalDataInfo(tensor).length or (tensor_nbytes(tensor) or 0)
     return total
+
+
+def write_serialized(proto: onnx.ModelProto, fh) -> None:
+    """Write ``proto.SerializeToString()`` to ``fh`` — the same bytes, fields in number order —
+    without building the whole serialization: the main graph's initializers are encoded one
+    at a time (a standalone copy each, so the buffer is freed with it)."""
+    if not proto.HasField("graph") or not len(proto.graph.initializer):
+        fh.write(proto.SerializeToString())
+        return
+    graph_no = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+    init_no = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+    head, tail = onnx.ModelProto(), onnx.ModelProto()
+    for msg, keep in ((head, lambda n: n < graph_no), (tail, lambda n: n > graph_no)):
+        copy_fields(proto, msg, skip=tuple(f.name for f in onnx.ModelProto.DESCRIPTOR.fields if not keep(f.number)))
+    g_head, g_tail = onnx.GraphProto(), onnx.GraphProto()
+    for msg, keep in ((g_head, lambda n: n < init_no), (g_tail, lambda n: n > init_no)):
+        copy_fields(proto.graph, msg, skip=tuple(f.name for f in onnx.GraphProto.DESCRIPTOR.fields if not keep(f.number)))
+    fh.write(head.SerializeToString())
+    size = g_head.ByteSize() + g_tail.ByteSize() + sum(_field_size(1, _tensor_size(t, exact=True))
+                                                       for t in proto.graph.initializer)
+    fh.write(_key(graph_no) + _varint(size))
+    fh.write(g_head.SerializeToString())
+    for tensor in proto.graph.initializer:
+        _write_tensor(tensor, init_no, fh)
+    fh.write(g_tail.SerializeToString())
+    fh.write(tail.SerializeToString())
+
+
+def _write_tensor(tensor: onnx.TensorProto, field_no: int, fh) -> None:
+    """Field ``field_no`` holding ``tensor``, as protobuf encodes it, with its raw bytes
+    copied out once (no serialization buffer of the tensor)."""
+    if not tensor.HasField("raw_data"):
+        data = tensor.SerializeToString()
+        fh.write(_key(field_no) + _varint(len(data)) + data)
+        return
+    raw_no = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+    head, tail = onnx.TensorProto(), onnx.TensorProto()
+    names = [(f.name, f.number) for f in onnx.TensorProto.DESCRIPTOR.fields]
+    copy_fields(tensor, head, skip=tuple(n for n, no in names if no >= raw_no))
+    copy_fields(tensor, tail, skip=tuple(n for n, no in names if no <= raw_no))
+    raw = tensor.raw_data
+    raw_field = _key(raw_no) + _varint(len(raw))
+    head_bytes, tail_bytes = head.SerializeToString(), tail.SerializeToString()
+    fh.write(_key(field_no) + _varint(len(head_bytes) + len(raw_field) + len(raw) + len(tail_bytes)))
+    fh.write(head_bytes + raw_field)
+    fh.write(raw)
+    fh.write(tail_bytes)
+
+
+def _key(number: int) -> bytes:
+    return _varint(number << 3 | 2)  # wire type 2: length-delimited
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 def write_external(proto: onnx.ModelProto, path: Path, data_name: str, size_threshold: int = 1024) -> bool:

@@ -219,7 +219,7 @@ def infer_shapes(model) -> str | None:
         for tensor in graph.tensors().values():
             tensor.__dict__.pop(_INFERRED, None)
     try:
-        proto = model.to_proto()
+        proto = model.to_proto(weights=False)  # shape inference reads no float weights
     except Exception as exc:  # noqa: BLE001 - gs export raises several types
         return f"export failed ({_first_line(exc)})"
     if proto.ByteSize() > 2**31 - 1:

@@ -179,3 +179,30 @@ def test_external_data_rewrite_never_pairs_old_model_with_new_data(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.onnx.data"]
     save_proto(_big_model(3.0), out, external_data=True)
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(load_proto(out).graph.initializer[0]), 3.0)
+
+
+WEIGHTED = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[2, 64] x) => (float[2, 16] y) {
+  h = MatMul (x, W)
+  y = Reshape (h, shape)
+}
+"""
+
+
+def test_weightless_export_copies_no_float_weights_and_restores_them():
+    proto = onnx.parser.parse_model(WEIGHTED)
+    w = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(w, "W"),
+                                    onnx.numpy_helper.from_array(np.array([2, 16], np.int64), "shape")])
+    model = Model.from_proto(proto)
+    full = model.to_proto().SerializeToString()
+    light = model.to_proto(weights=False)
+    by_name = {t.name: t for t in light.graph.initializer}
+    assert by_name["W"].data_location == onnx.TensorProto.EXTERNAL and not by_name["W"].raw_data
+    assert list(by_name["W"].dims) == [64, 16]
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(by_name["shape"]), [2, 16])  # shape data kept
+    assert light.ByteSize() < 1000 < w.nbytes
+    inferred = onnx.shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
+    assert [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim] == [2, 16]
+    assert model.to_proto().SerializeToString() == full  # the weights are back, unchanged

@@ -112,6 +112,18 @@ def test_invalid_result_is_rolled_back_even_for_lossy_pass():
     assert len(proto.graph.node[0].input) == 2
 
 
+@pytest.mark.parametrize("passes", ["test_break_graph,test_break_bias(lossy=true)",
+                                    "test_break_bias(lossy=true),test_break_graph"])
+def test_rollback_restores_the_model_before_the_pass(passes):
+    """The pass after a rollback, and the returned model, see the model as it was before the
+    rolled-back pass (a snapshot sharing the arrays, not a re-import)."""
+    proto, report = onnxslim_kit.optimize(parse(MODEL), passes)
+    assert [p.rolled_back for p in report.passes] == [name.startswith("test_break_graph") for name in passes.split(",")]
+    assert len(proto.graph.node[0].input) == 2
+    bias = [t for t in proto.graph.initializer if t.name == "b"][0]
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(bias), [2, 4, 6, 8])
+
+
 def test_report_json_and_table():
     _, report = onnxslim_kit.optimize(parse(MODEL), "fuse,test_break_bias(lossy=true)")
     data = report.to_dict()

@@ -156,3 +156,24 @@ def test_checker_sees_through_the_weightless_view(tmp_path, lazy):
     assert "B has inconsistent type tensor(double)" in (checker_error(bad) or "")
     del bad.graph.node[0].output[:]  # structure errors too
     assert checker_error(bad) is not None
+
+
+def test_piecewise_serialization_is_byte_identical(tmp_path):
+    import io
+
+    from onnxslim_kit.streaming import proto_size, write_serialized
+
+    proto = chain_model()
+    proto.metadata_props.add(key="k", value="v")
+    proto.graph.initializer.append(onnx.helper.make_tensor("typed", onnx.TensorProto.FLOAT, [3], [1.0, 2.0, 3.0]))
+    proto.graph.initializer[0].doc_string = "after raw_data"
+    proto.graph.value_info.append(onnx.helper.make_tensor_value_info("h0", onnx.TensorProto.FLOAT, [2, 128]))
+    for model in (proto, parse_tiny()):
+        buf = io.BytesIO()
+        write_serialized(model, buf)
+        assert buf.getvalue() == model.SerializeToString()
+        assert proto_size(model) == model.ByteSize()
+
+
+def parse_tiny():
+    return onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 13]>\ng (float[2] x) => (float[2] y) { y = Relu (x) }')
