@@ -42,6 +42,7 @@ import suite_report
 HERE = Path(__file__).resolve().parent
 CONV_MODELS = ["orientation", "ppocr_cls_v2", "ppocrv4_rec", "mtcnn_onet", "ppocrv4_det"]
 TARGET_SPEEDUP = 1.3
+STEP_OUTPUTS = {"ppocrv4_rec": "softmax_11.tmp_0"}  # per-time-step top-1 (see with_step_top1)
 
 
 def parse_args(argv: list) -> argparse.Namespace:
@@ -112,12 +113,30 @@ def summarise(row: dict, bench_row: dict) -> dict:
         "latency_ratio_spread": bench_row.get("latency_ratio_spread"),
         "cosine": worst_cosine(bench_row.get("drift")),
         "task": metric.get("task"), "score": metric.get("score"), "agreement": metric.get("agreement"),
+        "step_top1": metric.get("step_top1"),
         "error": row.get("error") or bench_row.get("error"),
     })
     ratio, cos, agr = row["latency_ratio"], row["cosine"], row["agreement"]
     row["meets"] = bool(ratio is not None and ratio <= 1 / TARGET_SPEEDUP
                         and ((cos is not None and cos >= 0.99) or (agr is not None and agr >= 0.98)))
     return row
+
+
+def with_step_top1(metric, output: str | None):
+    """``metric`` plus ``step_top1``: the share of (sample, time step) positions of ``output`` whose
+    argmax equals the fused model's — per-character top-1 of a CTC recognizer, next to its
+    whole-string agreement (a string counts as wrong when one of its ~40 steps changes)."""
+    if metric is None or output is None:
+        return metric
+
+    def hook(reference, outputs):
+        values = dict(metric(reference, outputs))
+        same = [np.argmax(np.asarray(r[output]), -1) == np.argmax(np.asarray(o[output]), -1)
+                for r, o in zip(reference, outputs) if output in r and output in o]
+        if same:
+            values["step_top1"] = float(np.mean(np.concatenate([s.ravel() for s in same])))
+        return values
+    return hook
 
 
 def run_model(name: str, args) -> dict:
@@ -132,6 +151,7 @@ def run_model(name: str, args) -> dict:
     proto = load_proto(path)
     feed = CalibrationFeed(input_specs(proto), data.calib)
     fused, _ = run_pipeline(proto, [PassSpec("fuse", {})], feed, verify=False)
+    metric = with_step_top1(data.metric, STEP_OUTPUTS.get(name))
     models, rows = [fused], [{"variant": "fuse", "ratio": 0.0}]
     for ratio in args.ratio_list:
         options = prune_options(ratio, args.prune)
@@ -152,7 +172,7 @@ def run_model(name: str, args) -> dict:
     rows[0]["index"] = 0
     start = time.perf_counter()
     report = benchmark(models, data.eval, names=[str(i) for i in range(len(models))], runs=args.runs,
-                       warmup=args.warmup, opt_level="all", metric=data.metric, memory=False)
+                       warmup=args.warmup, opt_level="all", metric=metric, memory=False)
     record["bench_seconds"] = round(time.perf_counter() - start, 1)
     for row in rows:
         if "index" in row:
@@ -172,7 +192,8 @@ def markdown(results: dict) -> str:
               "interleaved rounds of t / t_fuse, ORT CPU, 1 intra-op thread, graph optimizations `all`; "
               "cosine = worst output cosine over the held-out evaluation samples; agreement = task "
               "decisions equal to the fused model's. `meets` = ratio ≤ 1/1.3 and (cosine ≥ 0.99 or "
-              "agreement ≥ 0.98). The machine is shared (2 cores, other jobs running): latency numbers "
+              "agreement ≥ 0.98). `step top-1` (text recognizer only): share of time steps whose argmax (the "
+              "character) equals the fused model's, over all evaluation samples. The machine is shared (2 cores, other jobs running): latency numbers "
               "are noisy, the spread column is [P10, P90] of the per-round ratios."), "",
              f"Versions: {json.dumps(results['versions'])}", ""]
     for record in results["models"]:
@@ -180,12 +201,12 @@ def markdown(results: dict) -> str:
                   (f"load average before / after: {record['load_before'][0]:.1f} / {record['load_after'][0]:.1f}; "
                    f"benchmark took {record['bench_seconds']} s"), "",
                   ("| variant | params | MACs | MACs vs fuse | latency ms | ratio vs fuse | spread | worst cosine | "
-                   "task | agreement | score | took s | meets |"),
-                  "|---|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|:-:|"]
+                   "task | agreement | step top-1 | score | took s | meets |"),
+                  "|---|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|:-:|"]
         base_macs = record["rows"][0].get("macs")
         for row in record["rows"]:
             if row.get("error"):
-                lines.append(f"| {row['variant']} | error: {row['error']} ||||||||||||")
+                lines.append(f"| {row['variant']} | error: {row['error']} |||||||||||||")
                 continue
             spread = row.get("latency_ratio_spread")
             lines.append(
@@ -194,7 +215,7 @@ def markdown(results: dict) -> str:
                 f"{_cell(row.get('latency_ms'), '.2f')} | {_cell(row.get('latency_ratio'), '.3f')} | "
                 f"{'—' if not spread else '[' + ', '.join(f'{s:.2f}' for s in spread) + ']'} | "
                 f"{_cell(row.get('cosine'), '.4f')} | {row.get('task') or '—'} | {_cell(row.get('agreement'), '.3f')} | "
-                f"{_cell(row.get('score'), '.3f')} | {_cell(row.get('seconds'), '')} | "
+                f"{_cell(row.get('step_top1'), '.4f')} | {_cell(row.get('score'), '.3f')} | {_cell(row.get('seconds'), '')} | "
                 f"{'yes' if row.get('meets') else ''} |")
         lines.append("")
     return "\n".join(lines + summary(results))

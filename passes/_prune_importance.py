@@ -32,6 +32,7 @@ from onnxslim_kit.activations import iter_activations
 from ._graph import const_value
 
 DATA_CRITERIA = ("activation", "taylor", "obs")
+COV_POSITIONS = 4096
 
 
 def _add(scores: dict, units: np.ndarray, layer_scores: np.ndarray) -> None:
@@ -98,16 +99,21 @@ def _consumer_weight(c, layout) -> np.ndarray:
 
 
 def activation_stats(cg, proto, samples, names: list) -> dict:
-    """name → (E[x_c], E|x_c|, E[x xᵀ]) per channel over the samples."""
+    """name → (E[x_c], E|x_c|, E[x xᵀ]) per channel over the samples.
+
+    The means use every position; the covariance at most ``COV_POSITIONS`` evenly strided
+    positions per sample (a 160×120 feature map has 19,200: the products would dominate).
+    """
     sums: dict = {}
     for acts in iter_activations(proto, names, samples, threads=1):
         for name in names:
             x = _channels_first(acts[name], cg.layouts[name])
-            mean, abs_sum, cov, count = sums.get(name, (0.0, 0.0, 0.0, 0))
+            mean, abs_sum, cov, count, cov_count = sums.get(name, (0.0, 0.0, 0.0, 0, 0))
+            sub = x[:, :: -(-x.shape[1] // COV_POSITIONS)] if x.shape[1] > COV_POSITIONS else x
             # float32 products (BLAS speed), float64 running sums
             sums[name] = (mean + x.sum(axis=1, dtype=np.float64), abs_sum + np.abs(x).sum(axis=1, dtype=np.float64),
-                          cov + (x @ x.T).astype(np.float64), count + x.shape[1])
-    return {name: (m / max(n, 1), a / max(n, 1), c / max(n, 1)) for name, (m, a, c, n) in sums.items()}
+                          cov + (sub @ sub.T).astype(np.float64), count + x.shape[1], cov_count + sub.shape[1])
+    return {name: (m / max(n, 1), a / max(n, 1), c / max(k, 1)) for name, (m, a, c, n, k) in sums.items()}
 
 
 def consumer_inputs(cg) -> list:

@@ -23,6 +23,12 @@ units as hold at most β of its importance mass ``Σ_{u∈g} score(u)`` (the imp
 to first order): where every channel matters the group is spared, where importance sits in a
 few channels it is cut the full amount.
 
+With ``alloc=sensitivity`` (the default; applies to ``scope=global`` without ``max_loss``, which
+ask for a given share per group) the selection above only sets the budget: the cost (MACs, or
+measured latency with ``cost=latency``) of the units it picked. :mod:`._prune_sensitivity`
+then measures, group by group, the output loss of cutting more or fewer of its lowest units
+and spends that budget where the loss per saved cost is smallest.
+
 Then per group the kept count ``k = |T_g| − n_g`` is rounded *up* to a multiple of
 ``multiple`` and raised to ``min_channels``; the group is left whole (reason counted) when
 that leaves nothing to cut. Rounding up keeps every source's channel count a multiple of
@@ -39,6 +45,7 @@ from ._prune_apply import apply
 from ._prune_importance import activation_stats, consumer_inputs, unit_costs, unit_scores
 from ._prune_latency import node_times, unit_latency
 from ._prune_refit import Refitter
+from ._prune_sensitivity import sensitivity_select
 
 
 def max_share(ratio: float, max_ratio: float) -> float:
@@ -112,17 +119,23 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
     samples = ctx.feed.take(max(opts["samples"], 1))
     stats = activation_stats(cg, teacher, samples, consumer_inputs(cg))
     scores = importance = unit_scores(cg, opts["criterion"], stats, opts["seed"])
+    costs = None
+    if opts["cost"] == "latency":
+        times = node_times(model.to_proto(), samples[0])
+        result.metrics["profiled_ms"] = round(1e3 * sum(times), 3)
+        costs = unit_latency(cg, times)
+    elif opts["cost"] == "macs" or opts["alloc"] == "sensitivity":  # (MACs: the budget of the allocation)
+        costs = unit_costs(cg)
     if opts["cost"] != "none":
-        if opts["cost"] == "latency":
-            times = node_times(model.to_proto(), samples[0])
-            result.metrics["profiled_ms"] = round(1e3 * sum(times), 3)
-            costs = unit_latency(cg, times)
-        else:
-            costs = unit_costs(cg)
         mean = float(np.mean(list(costs.values()))) if costs else 1.0
         scores = {u: v * mean / max(costs.get(u, mean), 1e-12) for u, v in scores.items()}
-    removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], max(opts["multiple"], 1), result,
-                     max_share(opts["ratio"], opts["max_ratio"]), importance, opts["max_loss"])
+    cap = max_share(opts["ratio"], opts["max_ratio"])
+    multiple = max(opts["multiple"], 1)
+    removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], multiple, result, cap,
+                     importance, opts["max_loss"])
+    if removed and opts["alloc"] == "sensitivity" and opts["scope"] == "global" and not opts["max_loss"]:
+        removed = sensitivity_select(cg, teacher, stats, samples, importance, costs, removed, cap,
+                                     opts["min_channels"], multiple, result, ctx.progress)
     if not removed:
         result.skip("nothing to prune at this ratio")
         return

@@ -78,19 +78,31 @@ def _lam(gram: np.ndarray, d: int, alpha: float) -> float:
 
 def ridge_held_out(x, y, w0, held_out: np.ndarray, d: int) -> tuple:
     """(best α, held-out error of W(α), held-out error of W₀) — fit on ``~held_out`` rows."""
+    return fit_held_out(x, y, w0, held_out, d)[:3]
+
+
+def fit_held_out(x, y, w0, held_out: np.ndarray, d: int) -> tuple:
+    """:func:`ridge_held_out` and the solution for the best α on all rows (None when no α beats
+    W₀); the Gram matrices of the two halves are computed once and summed for the final solve."""
     xt, yt, xv, yv = x[~held_out], y[~held_out], x[held_out], y[held_out]
-    gram = xt.T @ xt
-    s, v = np.linalg.eigh(gram)
-    p, q = v.T @ (xt.T @ yt), v.T @ w0
+    gram_t, gram_v = xt.T @ xt, xv.T @ xv
+    rhs_t = xt.T @ yt
+    s, v = np.linalg.eigh(gram_t)
+    p, q = v.T @ rhs_t, v.T @ w0
     base = float(np.sum((xv @ w0 - yv) ** 2))
     best = (None, np.inf)
     for alpha in ALPHAS:
-        lam = _lam(gram, d, alpha)
+        lam = _lam(gram_t, d, alpha)
         w = v @ ((p + lam * q) / (np.maximum(s, 0) + lam)[:, None])
         err = float(np.sum((xv @ w - yv) ** 2))
         if err < best[1]:
             best = (alpha, err)
-    return best[0], best[1], base
+    if best[0] is None or not best[1] < base:
+        return best[0], best[1], base, None
+    gram = gram_t + gram_v
+    lam = _lam(gram, d, best[0])
+    solved = np.linalg.solve(gram + lam * np.eye(len(gram)), rhs_t + xv.T @ yv + lam * w0)
+    return best[0], best[1], base, solved
 
 
 def ridge(x: np.ndarray, y: np.ndarray, w0: np.ndarray, d: int, alpha: float) -> np.ndarray:
@@ -183,11 +195,11 @@ class Refitter:
             x = np.concatenate([x, np.ones((len(x), 1))], axis=1)
         else:
             w0 = w0[:-1]
-        alpha, after, before = ridge_held_out(x, y, w0, _held_out(ids), d)
-        if alpha is None or not after < before:
+        alpha, after, before, solved = fit_held_out(x, y, w0, _held_out(ids), d)
+        if solved is None:
             result.skip("refit: no held-out improvement")
             return
-        self._store(c, w, ridge(x, y, w0, d, alpha))
+        self._store(c, w, solved)
         result.rewrite("refit layer")
         result.metrics.setdefault("refit_error_ratio", []).append(round(after / max(before, 1e-30), 4))
         result.metrics.setdefault("refit_alpha", []).append(alpha)

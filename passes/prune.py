@@ -12,7 +12,9 @@ Modes (chosen by the options):
   measured node by node, :mod:`._prune_latency`), per group (``scope=layer``) or ranked over
   the whole model (``scope=global``), keeping at least ``min_channels`` and a multiple of
   ``multiple`` per group, cutting no group by more than ``max_ratio`` nor (``max_loss``) by
-  more than a share of its importance mass (:mod:`._prune_ratio`); the removed channels'
+  more than a share of its importance mass (:mod:`._prune_ratio`); with ``alloc=sensitivity``
+  the same compute is removed but spread over the groups by the measured loss of the model's
+  outputs per saved MAC (or millisecond) instead (:mod:`._prune_sensitivity`); the removed channels'
   means move into the consumers' biases, then the consumers are re-fitted by ridge least
   squares toward their pruned weights against the model before pruning, the ridge strength
   chosen on held-out calibration samples (``refit``, :mod:`._prune_refit`; one teacher run,
@@ -106,6 +108,8 @@ class PrunePass(Pass):
         "criterion": Option(str, "taylor", "channel importance", CRITERIA),
         "cost": Option(str, "none", "divide scores by each channel's MAC or measured-latency share",
                        ("none", "macs", "latency")),
+        "alloc": Option(str, "sensitivity", "spread the cut over groups by measured output loss per saved cost "
+                        "(scope=global), or by score rank only", ("sensitivity", "rank")),
         "scope": Option(str, "global", "rank channels over the model or per group", ("global", "layer")),
         "min_channels": Option(int, 8, "keep at least this many channels per group"),
         "max_ratio": Option(float, 0.0, "largest fraction of one group to cut (0: min(2·ratio, 0.9))"),

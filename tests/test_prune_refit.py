@@ -136,10 +136,10 @@ def test_error_budget_cuts_only_the_low_importance_mass(multiple, expected):
 
 
 def test_max_loss_spares_groups_and_keeps_the_model_closer():
-    free, r_free = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False)
-    tight, r_tight = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, max_loss=0.15)
+    free, r_free = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, alloc="rank")
+    tight, r_tight = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, alloc="rank", max_loss=0.15)
     assert r_tight.metrics["units_pruned"] < r_free.metrics["units_pruned"]
     assert r_tight.skipped["group cut less (max_loss)"] + r_tight.skipped.get("group kept whole (max_loss)", 0) >= 1
     assert min_cosine(tight) > min_cosine(free)
-    _, r_same = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, max_loss=1.0)
+    _, r_same = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, alloc="rank", max_loss=1.0)
     assert r_same.metrics["units_pruned"] == r_free.metrics["units_pruned"]
