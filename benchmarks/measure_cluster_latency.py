@@ -14,6 +14,8 @@ the cluster decoder is folded when the session is created), 1 intra-op thread:
   their [P10, P90];
 * session creation: ``--sessions`` sessions of each model, alternating, median seconds and the
   median of the paired ratios;
+* whether the graphs ORT runs are the same: op types and initializer shapes of both models
+  after ORT's optimisations (the decoder folded), compared as sorted lists;
 * size (raw and zlib) vs the original file and vs the fused one; worst output cosine and the
   task metric of ``tasks.py`` (agreement with the fused model, which is the original up to
   float rounding) from the benchmark.
@@ -72,6 +74,24 @@ def session_times(paths: list, count: int) -> list:
     return times
 
 
+def optimized_structure(path: Path, tmp: Path) -> tuple:
+    """Op types (with domains) and initializer shapes of the graph ORT runs (opt all, 1 thread),
+    as sorted lists: equal for two models means the same kernels on weights of the same shapes."""
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    so.optimized_model_filepath = str(tmp / f"{path.stem}.optimized.onnx")
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    graph = onnx.load(so.optimized_model_filepath).graph
+    ops = sorted(f"{n.domain}:{n.op_type}" for n in graph.node)
+    shapes = sorted((t.data_type, tuple(t.dims)) for t in graph.initializer)
+    return ops, shapes
+
+
 def measure(model: str, args, tmp: Path) -> dict:
     import onnx
 
@@ -104,6 +124,7 @@ def measure(model: str, args, tmp: Path) -> dict:
                        "fused_ms": bench.rows[order.index(0)]["latency_ms"]["median"]})
     first = blocks[0]["row"]  # fused is the reference in the first block: drift and agreement vs fused
     sessions = session_times(paths, args.sessions)
+    structures = [optimized_structure(p, tmp) for p in paths]
     cluster = next((p for p in report.passes if p.name == "cluster"), None)
     return {
         "model": model, "seconds": round(seconds, 1), "load_before": load_before, "load_after": os.getloadavg(),
@@ -112,6 +133,7 @@ def measure(model: str, args, tmp: Path) -> dict:
         "metric": first.get("metric") or {}, "blocks": blocks,
         "session_s": [statistics.median(t) for t in sessions],
         "session_ratio": statistics.median(b / a for a, b in zip(*sessions)),
+        "same_graph": structures[0] == structures[1], "optimized_nodes": len(structures[1][0]),
         "metrics": cluster.metrics if cluster else {}, "notes": cluster.notes if cluster else [],
         "skipped": dict(cluster.skipped) if cluster else {},
     }
@@ -134,8 +156,8 @@ def render(results: list, args, command: str, date: datetime, commit: str) -> st
               "session creations per model. 2 shared cores: load average (1, 5, 15 min) per model."), "",
              ("| model | size vs original (raw / zlib) | size vs fused (raw / zlib) | worst cosine vs fused | task "
               "| latency ratio block 1 | block 2 | fused median ms | session s fused / clustered (paired ratio) "
-              "| load before → after | pipeline s |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| ORT-optimized graphs equal | load before → after | pipeline s |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         o, f, c = r["original"], r["fuse"], r["cluster"]
         m = r["metric"]
@@ -147,6 +169,7 @@ def render(results: list, args, command: str, date: datetime, commit: str) -> st
             f"| {b1['ratio']:.4f} [{b1['spread'][0]:.3f}, {b1['spread'][1]:.3f}] "
             f"| {b2['ratio']:.4f} [{b2['spread'][0]:.3f}, {b2['spread'][1]:.3f}] | {b1['fused_ms']:.2f} "
             f"| {r['session_s'][0]:.3f} / {r['session_s'][1]:.3f} ({r['session_ratio']:.3f}) "
+            f"| {'yes' if r['same_graph'] else 'NO'} ({r['optimized_nodes']} nodes) "
             f"| {tuple(round(x, 2) for x in r['load_before'])} → {tuple(round(x, 2) for x in r['load_after'])} "
             f"| {r['seconds']} |")
     for r in results:

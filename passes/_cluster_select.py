@@ -33,15 +33,32 @@ FLOAT = None  # level of a layer left unclustered
 
 
 def overridable(proto: onnx.ModelProto, names: list) -> onnx.ModelProto:
-    """A copy of ``proto`` whose initializers ``names`` are also graph inputs (feedable)."""
+    """A copy of ``proto`` whose initializers ``names`` are also graph inputs (feedable). An
+    initializer of an If/Loop/Scan body moves to the main graph first: the body reads it as an
+    outer-scope value, so weights inside control flow (silero-vad's If branches) can be fed too."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     out.ir_version = max(out.ir_version, 4)
     inits = {t.name: t for t in out.graph.initializer}
+    wanted = set(names) - set(inits)
+    for graph in _bodies(out.graph):
+        for t in [t for t in graph.initializer if t.name in wanted]:
+            out.graph.initializer.append(t)
+            graph.initializer.remove(t)
+            inits[t.name] = out.graph.initializer[-1]
     for name in names:
         t = inits[name]
         out.graph.input.append(helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
     return out
+
+
+def _bodies(graph: onnx.GraphProto):
+    """Every subgraph of ``graph``, nested ones included."""
+    for node in graph.node:
+        for attr in node.attribute:
+            for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                yield body
+                yield from _bodies(body)
 
 
 class Trials:

@@ -1,6 +1,7 @@
 """``cluster`` — weight sharing: k-means on weight values, stored as a codebook + small indices.
 
-Before / after, for a weight ``W`` of a Conv / ConvTranspose / Gemm / MatMul:
+Before / after, for a weight ``W`` of a Conv / ConvTranspose / Gemm / MatMul (or the W and R
+of an LSTM / GRU / RNN):
 
 ```
 W (float, N values) ──▶ Conv          codebook (k floats), labels (uint8 or 4-bit packed)
@@ -87,7 +88,8 @@ from ._graph import const_value, exclusive_constant, is_onnx_op
 from ._svd_stats import collect, match
 
 # op -> input positions that may hold a weight
-WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1)}
+WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1),
+                 "LSTM": (1, 2), "GRU": (1, 2), "RNN": (1, 2)}  # recurrent W, R: [directions, gates·H, ·]
 FLOAT_KINDS = (np.float16, np.float32, np.float64)
 TARGET_SAMPLES = 8
 MAX_NOTE_LAYERS = 40
@@ -101,8 +103,8 @@ def model_bytes(model) -> tuple:
 
 def channel_axis(node, index: int, ndim: int) -> int:
     """The output-channel axis of the weight at input ``index`` of ``node``."""
-    if node.op == "ConvTranspose":
-        return 1
+    if node.op in ("ConvTranspose", "LSTM", "GRU", "RNN"):
+        return 1  # ConvTranspose [C_in, C_out/g, …]; recurrent W, R [directions, gates·H, ·]
     if node.op == "Gemm":
         transposed = node.attrs.get("transA" if index == 0 else "transB", 0)
         return (1 if transposed else 0) if index == 0 else (0 if transposed else 1)
@@ -301,8 +303,13 @@ class ClusterPass(Pass):
 
     @staticmethod
     def _choose(model, items, check, opts, k, k_high) -> tuple:
-        """Levels per item holding the target (items outside the main graph keep ``k``)."""
-        main = [i for i, it in enumerate(items) if it.graph is model.graph]
+        """Levels per item holding the target (items whose initializer name is not unique in
+        the model keep ``k``: they could not be fed apart)."""
+        objects = {}
+        for graph in model.all_graphs():
+            for tensor in graph.tensors().values():
+                objects.setdefault(tensor.name, set()).add(id(tensor))
+        main = [i for i, it in enumerate(items) if len(objects.get(it.name, ())) == 1]
         chosen = [k] * len(items)
         if not main or not check:
             return chosen, None, None

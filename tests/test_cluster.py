@@ -308,14 +308,20 @@ def parallel_convs(channels: list, opset: int, rng) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def folded_weights(model: onnx.ModelProto, tmp_path) -> dict:
-    """Conv weights as ONNX Runtime holds them after constant folding (basic optimisations)."""
+def ort_folded(model: onnx.ModelProto, tmp_path) -> tuple:
+    """The model as ONNX Runtime holds it after constant folding (basic optimisations), and
+    its initializers."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.optimized_model_filepath = str(tmp_path / "folded.onnx")
     ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     folded = onnx.load(so.optimized_model_filepath)
-    inits = {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer}
+    return folded, {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer}
+
+
+def folded_weights(model: onnx.ModelProto, tmp_path) -> dict:
+    """Conv weights as ONNX Runtime holds them after constant folding."""
+    folded, inits = ort_folded(model, tmp_path)
     assert [n.op_type for n in folded.graph.node if n.op_type != "Conv"] == ["Concat"]  # decoder folded
     return {n.output[0]: inits[n.input[1]] for n in folded.graph.node if n.op_type == "Conv"}
 
@@ -364,3 +370,72 @@ def test_byte_estimates_follow_the_file(rng):
     estimate = (stream.stream_bytes([members]) + stream.group_bytes(members, half)
                 + sum(stream.member_bytes(m, half) for m in members))
     assert half and abs(added - estimate) < 0.05 * added, (added, estimate)
+
+
+@pytest.mark.parametrize("columns,codebooks", [(500, 1), (520, 2)])
+def test_large_weights_keep_their_own_codebook(columns, codebooks, rng):
+    """Two MatMul weights of one layout (64 rows): shared below 32768 elements (64 × 500),
+    each its own codebook from there on (64 × 520)."""
+    from onnxslim_kit.passes._cluster_share import SHARE_BELOW
+
+    assert (64 * columns >= SHARE_BELOW) == (codebooks == 2)
+    w1 = rng.standard_normal((64, columns)).astype(np.float32)
+    w2 = rng.standard_normal((64, 96)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["y1"]), helper.make_node("MatMul", ["x", "w2"], ["y2"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y1", TensorProto.FLOAT, [4, columns]),
+         helper.make_tensor_value_info("y2", TensorProto.FLOAT, [4, 96])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    out, entry = run_cluster(model, "cluster(k=16,target=0)")
+    assert entry.rewrites == {"MatMul weight → codebook + 4-bit indices": 2}
+    assert [n.op_type for n in out.graph.node].count("GatherElements") == codebooks
+    assert min(o["cosine"] for o in entry.verification["outputs"].values()) > 0.99
+
+
+def test_target_reaches_weights_inside_if_branches(rng):
+    """The sensitive weight sits in an If branch: the target still measures it (the trial
+    session feeds it from the main graph) and gives it k_high."""
+    w1 = rng.choice(rng.standard_normal(4), (64, 64)).astype(np.float32)  # exact at k = 4
+    w2 = rng.standard_normal((64, 64)).astype(np.float32)
+
+    def branch(name, weight):
+        return helper.make_graph([helper.make_node("MatMul", ["h", name], [f"{name}_y"])], f"{name}_body", [],
+                                 [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [16, 64])],
+                                 [numpy_helper.from_array(weight, name)])
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=branch("w2", w2), else_branch=branch("w3", w2 * 0.5))],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64]),
+              helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 64])], [numpy_helper.from_array(w1, "w1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    feed = CalibrationFeed(input_specs(model), [{"x": rng.standard_normal((16, 64)).astype(np.float32),
+                                                  "c": np.array(True)} for _ in range(4)])
+    _, report = run_pipeline(model, parse_pass_list("cluster(k=4,k_high=64,target=0.999,channel_scale=false)"), feed)
+    entry = report.passes[0]
+    assert entry.metrics["target_cosine_measured"] >= 0.999
+    assert entry.metrics["weights_k4"] == 2 and entry.metrics["weights_k64"] == 1  # w1 exact; w2 (taken) k_high
+    assert entry.verification["outputs"]["y"]["cosine"] >= 0.999
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_recurrent_weights_few_distinct_values_exact(op, tmp_path, rng):
+    """W and R of an LSTM / GRU are clustered like other weights (exact limit: bit for bit)."""
+    gates, hidden, width = (4 if op == "LSTM" else 3), 16, 8
+    values = rng.standard_normal(12).astype(np.float32)
+    w = rng.choice(values, (1, gates * hidden, width))
+    r = rng.choice(values, (1, gates * hidden, hidden))
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "w", "r"], ["", "y"], hidden_size=hidden)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, hidden])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(r, "r")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    out, entry = run_cluster(model, "cluster(k=16,target=0)")
+    assert entry.rewrites == {f"{op} weight → codebook + 4-bit indices": 2}
+    folded, inits = ort_folded(out, tmp_path)
+    (node,) = folded.graph.node
+    assert np.array_equal(inits[node.input[1]], w) and np.array_equal(inits[node.input[2]], r)
