@@ -172,8 +172,9 @@ def cells(row: dict, fp32: dict) -> list:
     rungs = "".join(f" / {metrics[f'layers_{r}']} {r}" for r in ("dynamic", "weights") if metrics.get(f"layers_{r}"))
     search = (f"{metrics.get('layers_float', 0)} float / {metrics.get('layers_int8', 0)} int8{rungs}, "
               f"{metrics.get('fallback_builds', 0)} builds" if metrics else "")
-    phases = (f"; s: bias corr. {metrics.get('seconds_bias_correction', 0):.1f}, "
-              f"fallback {metrics.get('seconds_fallback', 0):.1f}" if metrics else "")
+    phases = ", ".join(f"{label} {metrics[key]:.1f}" for label, key in
+                       (("bias corr.", "seconds_bias_correction"), ("fallback", "seconds_fallback")) if key in metrics)
+    phases = f"; s: {phases}" if phases else ""
     calib_s = tool.get("seconds_calibration") if tool else None
     notes = "; ".join(entry.get("notes", [])[:2])
     return [row["variant"],

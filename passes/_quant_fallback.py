@@ -53,6 +53,8 @@ from onnxslim_kit.metrics import compare
 from onnxslim_kit.runtime import make_session, run, session_options
 
 METRICS = ("cos", "top1")
+BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run as one batch
+BATCH_COUPLED = {"DynamicQuantizeLinear"}  # ops whose result for one sample depends on the others
 
 
 def parse_target(text: str):
@@ -154,26 +156,84 @@ class Scorer:
         self.rows = [int(np.prod(np.shape(self.reference[0][n])[:-1])) or 1 for n in self.names]
         self.builds = 0
         self.runs = 0
+        self.batch = self._stack(samples[1:])
+        if self.batch is not None and not self._batch_agrees(session):
+            self.batch = None
+
+    def _batch_agrees(self, session) -> bool:
+        """Whether the original model run on the batch gives each sample's own outputs (a
+        Reshape to a constant batch of 1, say, would mix or reject samples)."""
+        try:
+            got = run(session, self.batch)
+        except Exception:  # noqa: BLE001 - ORT rejects the batch: score one sample at a time
+            return False
+        for j, ref in enumerate(self.reference[1:]):
+            for name, value in ref.items():
+                part = got.get(name)
+                if part is None or np.ndim(part) == 0 or np.shape(part)[0] != len(self.samples) - 1:
+                    return False
+                scale = float(np.abs(value).max()) if np.size(value) else 0.0
+                if np.shape(part[j:j + 1]) != np.shape(value) or not np.allclose(
+                        part[j:j + 1], value, rtol=1e-4, atol=1e-5 * scale + 1e-12, equal_nan=True):
+                    return False
+        return True
 
     def head(self, n: int) -> "Scorer":
         """A scorer on the first ``n`` samples, sharing the reference outputs (no new runs)."""
         other = object.__new__(Scorer)
-        other.__dict__.update(self.__dict__, samples=self.samples[:n], reference=self.reference[:n], builds=0, runs=0)
+        other.__dict__.update(self.__dict__, samples=self.samples[:n], reference=self.reference[:n], builds=0, runs=0,
+                              batch=self._stack(self.samples[1:n]) if self.batch is not None else None)
         return other
+
+    @staticmethod
+    def _stack(samples: list) -> dict | None:
+        """``samples`` as one batch (axis 0), when they are small (≤ ``BATCH_BYTES`` each),
+        have batch size 1 and equal shapes; else None."""
+        if len(samples) < 2 or any(s.keys() != samples[0].keys() for s in samples):
+            return None
+        first = samples[0]
+        if sum(np.asarray(v).nbytes for v in first.values()) > BATCH_BYTES or any(
+                np.ndim(v) == 0 or np.shape(v)[0] != 1 or any(np.shape(s[k]) != np.shape(v) for s in samples)
+                for k, v in first.items()):
+            return None
+        return {k: np.concatenate([np.asarray(s[k]) for s in samples]) for k in first}
+
+    def _outputs(self, session, extra: dict | None, batch: bool = True):
+        """``(sample index, outputs)`` in order: the first sample alone (a failing candidate
+        mostly fails there), the others in one batched run when the model takes any batch
+        size (per-run overhead dominates small models: MiniLM), else one run each."""
+        feed = (lambda s: {**s, **extra}) if extra else (lambda s: s)
+        self.runs += 1
+        yield 0, run(session, feed(self.samples[0]))
+        rest = len(self.samples) - 1
+        if batch and self.batch is not None and all(not isinstance(i.shape[0], int) for i in session.get_inputs()
+                                          if i.name in self.batch and i.shape):
+            self.runs += 1
+            got = run(session, feed(self.batch))
+            if all(np.ndim(v) and np.shape(v)[0] == rest for v in got.values()):
+                for j in range(rest):
+                    yield j + 1, {k: v[j:j + 1] for k, v in got.items()}
+                return
+        for i in range(1, len(self.samples)):
+            self.runs += 1
+            yield i, run(session, feed(self.samples[i]))
 
     def __call__(self, proto, stop_below: float | None = None) -> float:
         """The score of ``proto``; with ``stop_below``, a bound ``< stop_below`` as soon as
         the samples seen prove the final score would be below it."""
         self.builds += 1
+        # DynamicQuantizeLinear takes its range over the whole tensor: a batch would change it
+        batch = not any(node.op_type in BATCH_COUPLED for node in proto.graph.node)
         session = self.shared.session(proto) if self.shared is not None else make_session(proto, threads=1)
-        return self.score_session(session, stop_below)
+        return self.score_session(session, stop_below, batch=batch)
 
-    def score_session(self, session, stop_below: float | None = None, extra: dict | None = None) -> float:
-        """:meth:`__call__` on a ready session; ``extra`` is added to every sample's feed."""
+    def score_session(self, session, stop_below: float | None = None, extra: dict | None = None,
+                      batch: bool = True) -> float:
+        """:meth:`__call__` on a ready session; ``extra`` is added to every sample's feed;
+        ``batch=False``: one run per sample even when the samples stack."""
         state = {n: [] for n in self.names}  # per output: per-sample cos, or (agree, rows)
-        for i, (sample, ref) in enumerate(zip(self.samples, self.reference)):
-            got = run(session, {**sample, **extra} if extra else sample)
-            self.runs += 1
+        for i, got in self._outputs(session, extra, batch):
+            ref = self.reference[i]
             for name in self.names:
                 if name in got:
                     state[name].append(self._sample_score(ref[name], got[name]))

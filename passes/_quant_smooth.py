@@ -22,9 +22,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.activations import iter_activations
-
 from ._graph import attr, const_value, new_constant
+from ._quant_calib import TensorStats
 
 
 def _weight_rows(layer) -> np.ndarray:
@@ -42,15 +41,26 @@ def smoothable(layers: list) -> dict:
     return groups
 
 
-def channel_peaks(proto, names: list, samples) -> dict:
-    """``{name: max |x| per last-axis channel}`` over the samples (streaming)."""
-    peaks = {}
-    for acts in iter_activations(proto, names, samples, threads=1):
-        for name in names:
-            x = np.abs(np.asarray(acts[name], dtype=np.float32))
-            peak = x.reshape(-1, x.shape[-1]).max(axis=0)
-            peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
-    return peaks
+def update_peaks(peaks: dict, acts: dict, names) -> None:
+    """Fold one sample's ``acts`` into ``peaks`` (``{name: max |x| per last-axis channel}``)."""
+    for name in names:
+        x = np.abs(np.asarray(acts[name], dtype=np.float32))
+        peak = x.reshape(-1, x.shape[-1]).max(axis=0)
+        peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
+
+
+def smoothed_stats(graph, kept: dict) -> dict:
+    """Statistics of each smoothed input ``X' = Mul(X, 1/s)`` from the kept arrays of ``X``
+    (the same float32 product ORT computes): ``{X' name: TensorStats}``."""
+    out = {}
+    for node in graph.nodes:
+        if node.op == "Mul" and node.name.startswith("int8/smooth") and node.inputs[0].name in kept:
+            inv = node.inputs[1].values
+            stats = TensorStats()
+            for x in kept[node.inputs[0].name]:
+                stats.update(np.asarray(x, np.float32) * inv)
+            out[node.outputs[0].name] = stats
+    return out
 
 
 def smooth(model, groups: dict, peaks: dict, alpha: float, result) -> dict:

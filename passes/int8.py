@@ -20,9 +20,10 @@ Steps:
 3. opset < 13: upgraded to 13 (per-channel ``DequantizeLinear`` needs ``axis``); when the
    converter fails, per-tensor weights on opset ≥ 10, nothing below;
 4. with ``cle``: cross-layer equalization of (Conv → Relu →) Conv pairs (:mod:`._quant_cle`);
-   with ``smooth``: per-channel peaks of MatMul/Gemm inputs, SmoothQuant rebalancing
-   (:mod:`._quant_smooth`);
 5. streaming calibration over the feed (histograms, bounded memory), ranges by ``method``;
+   with ``smooth``, in the same run: per-channel peaks of MatMul/Gemm inputs, then
+   SmoothQuant rebalancing (:mod:`._quant_smooth`), the rebalanced inputs' statistics from
+   the kept inputs (one run over the samples instead of two; a second run past 256 MB);
 6. safeguards mark tensors float; layers whose input must stay float stay float;
 7. with ``bias_correction``: per-channel mean output shift of every Conv/Gemm measured and
    folded into its bias, and every layer's local error measured in the same run
@@ -56,10 +57,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from onnxslim_kit.activations import iter_activations
+from onnxslim_kit.activations import with_outputs
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+from onnxslim_kit.runtime import run
 
 from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
@@ -79,6 +81,8 @@ from ._quant_qdq import (
 )
 from ._quant_speed import latency_ratio
 
+KEEP_BYTES = 256 << 20  # smoothable activations kept for their smoothed statistics, at most
+
 
 def parse_ladder(text: str) -> list:
     """``"dynamic;weights"`` → ["dynamic", "weights"]; ``none`` / empty → []."""
@@ -93,6 +97,19 @@ def calib_samples(ctx):
     """The calibration samples: the first ``calib_samples`` of the feed, or all of it."""
     n = ctx.options["calib_samples"]
     return ctx.feed.take(n) if n > 0 else ctx.feed
+
+
+def activations(model, names: list, samples):
+    """:func:`onnxslim_kit.activations.iter_activations` without copying the weights: the
+    session gets them as arrays (:class:`._quant_fallback.SharedWeights`; MiniLM's 88 MB of
+    weights cost ~1.7 s to export and hand over otherwise)."""
+    shared = SharedWeights(model.graph)
+    trial = trial_copy(model)
+    shared.strip(trial.graph)
+    session = shared.session(with_outputs(trial.to_proto(), names))
+    wanted = set(names)
+    for sample in samples:
+        yield {k: v for k, v in run(session, sample).items() if k in wanted}
 
 
 def trial_copy(model) -> Model:
@@ -188,10 +205,15 @@ class Int8Pass(Pass):
             result.metrics["cle_pairs"] = equalize(model.graph, result)
         layers = self._layers(model, opts, result)
         start = time.perf_counter()  # the calibration phase: smoothing peaks, activation ranges
-        unsmoothed = self._smooth(model, layers, ctx, result) if opts["smooth"] > 0 else {}
+        groups = smooth_mod.smoothable(layers) if opts["smooth"] > 0 else {}
+        stats, peaks, kept = self._calibrate(model, layers, ctx, sorted(groups))
+        unsmoothed = smooth_mod.smooth(model, groups, peaks, opts["smooth"], result) if groups else {}
         if unsmoothed:
             layers = self._layers(model, opts, PassResult())  # the same layers, rewired inputs
-        stats = self._calibrate(model, layers, ctx)
+            if kept is None:  # the inputs were too large to keep: a second run over the samples
+                stats = self._calibrate(model, layers, ctx)[0]
+            else:
+                stats.update(smooth_mod.smoothed_stats(model.graph, kept))
         plan = self._plan(model, layers, stats, opts, per_channel, result)
         result.metrics["seconds_calibration"] = round(time.perf_counter() - start, 2)
         start = time.perf_counter()
@@ -256,27 +278,34 @@ class Int8Pass(Pass):
         result.skip("excluded by include/exclude", len(layers) - len(keep))
         return [l for l in layers if l.name in keep]
 
-    def _smooth(self, model, layers, ctx, result) -> dict:
-        groups = smooth_mod.smoothable(layers)
-        if not groups:
-            return {}
-        peaks = smooth_mod.channel_peaks(model.to_proto(), sorted(groups), calib_samples(ctx))
-        return smooth_mod.smooth(model, groups, peaks, ctx.options["smooth"], result)
+    def _calibrate(self, model, layers, ctx, smoothable=()) -> tuple:
+        """(statistics of every Q point, per-channel peaks of the ``smoothable`` tensors, those
+        tensors' arrays per sample or None past ``KEEP_BYTES``) from one run over the samples.
 
-    def _calibrate(self, model, layers, ctx) -> dict:
+        SmoothQuant needs the peaks before it can rewrite, and the rewritten inputs
+        ``X' = X · (1/s)`` need statistics: kept, ``X`` gives them exactly without a second
+        run (:func:`._quant_smooth.smoothed_stats`)."""
         opts = ctx.options
         tensors = {t.name for l in layers for t in l.inputs + [l.output]}
         tensors |= {t.name for t in plan_mod.concat_inputs(layers)}
         if opts["io"] != "float":
             tensors |= {t.name for t in model.graph.outputs}
-        names = sorted(tensors)
-        collector = calib.StatsCollector(names)
+        names = sorted(tensors | set(smoothable))
+        collector = calib.StatsCollector(sorted(tensors))
+        peaks, kept, size = {}, {name: [] for name in smoothable}, 0
         total = opts["calib_samples"] or None
-        for acts in ctx.progress(iter_activations(model.to_proto(), names, calib_samples(ctx), threads=1),
-                                 desc="int8 calibration", total=total):
+        for acts in ctx.progress(activations(model, names, calib_samples(ctx)), desc="int8 calibration", total=total):
             collector.update(acts)
+            smooth_mod.update_peaks(peaks, acts, smoothable)
+            if kept is not None:
+                size += sum(acts[name].nbytes for name in smoothable)
+                if size > KEEP_BYTES:
+                    kept = None
+                else:
+                    for name in smoothable:
+                        kept[name].append(acts[name])  # ORT's own arrays: never reused, no copy needed
             acts.clear()  # frees this sample's tensors before the next run (half the peak memory)
-        return collector.stats
+        return collector.stats, peaks, kept
 
     def _plan(self, model, layers, stats, opts, per_channel, result) -> Plan:
         guards = plan_mod.Guards(opts["max_range"], opts["heads"], opts["log"], opts["concat_ratio"])

@@ -550,3 +550,44 @@ def test_gated_ranking_matches_one_build_per_layer(ladder):
         assert rep_gated.metrics[key] == rep_built.metrics[key], key
     assert rep_gated.metrics["fallback_builds"] < rep_built.metrics["fallback_builds"]
     assert rep_gated.notes == rep_built.notes
+
+
+def test_smoothed_statistics_from_kept_inputs_equal_a_second_run(monkeypatch):
+    # one calibration run keeps the smoothable inputs; past the memory bound a second run
+    # over the smoothed graph measures them instead: the same model either way (to rounding)
+    from onnxslim_kit.passes import int8 as int8_mod
+
+    scale = np.ones(32, np.float32)
+    scale[[3, 17, 30]] = 50.0
+    model = build("h = Mul (x, s)\nq = MatMul (h, wq)\nk = MatMul (h, wk)\ny = Add (q, k)", "float[8, 32] x",
+                  {"s": scale, "wq": w(32, 16, rng=np.random.default_rng(5)), "wk": w(32, 16, rng=np.random.default_rng(6))})
+    kept, rep = quantize(model, "target=none")
+    assert rep.rewrites["smoothed activation"] == 1
+    monkeypatch.setattr(int8_mod, "KEEP_BYTES", 0)
+    rerun, _ = quantize(model, "target=none")
+    # the same encodings; only rounding differs (the run measured q = h·wq, the rerun h'·wq')
+    assert [t.name for t in kept.graph.initializer] == [t.name for t in rerun.graph.initializer]
+    for a, b in zip(kept.graph.initializer, rerun.graph.initializer):
+        np.testing.assert_allclose(numpy_helper.to_array(a).astype(np.float64),
+                                   numpy_helper.to_array(b).astype(np.float64), rtol=1e-6, atol=0)
+
+
+def test_scorer_batches_small_samples_of_a_batch_free_model():
+    from onnxslim_kit.passes._quant_fallback import Scorer
+
+    model = build("h = MatMul (x, w1)\ny = Relu (h)", "float[N, 16] x", {"w1": w(16, 8)})
+    int8_model, _ = quantize(model, "fallback=false")
+    samples = [{"x": RNG.standard_normal((1, 16)).astype(np.float32)} for _ in range(5)]
+    scorer = Scorer(model, samples, "cos")
+    exact = scorer(int8_model)
+    assert scorer.runs == 2  # the first sample, then the other four as one batch
+    per_sample = [cosine(run_ort(model, s)[0], run_ort(int8_model, s)[0]) for s in samples]
+    assert exact == pytest.approx(min(per_sample), abs=1e-6)
+    # DynamicQuantizeLinear ranges over the whole tensor: a candidate holding one is scored
+    # one sample at a time, or the batch would change its numbers
+    dyn, _ = quantize(model, passes="dynamic(min_weights=1)")
+    assert ops(dyn)["DynamicQuantizeLinear"] == 1
+    scorer.runs = 0
+    exact = scorer(dyn)
+    assert scorer.runs == 5
+    assert exact == pytest.approx(min(cosine(run_ort(model, s)[0], run_ort(dyn, s)[0]) for s in samples), abs=1e-6)
