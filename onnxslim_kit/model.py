@@ -32,7 +32,7 @@ from google.protobuf.message import DecodeError
 from .errors import UserError
 from .scopes import share_subgraph_constants
 from .streaming import (anchor_external_data, external_bytes, has_anchored, map_constants, proto_size,
-                        unmap_constants, weightless, write_external, write_serialized)
+                        unmap_constants, weightless, write_external, write_serialized, fill_weights)
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -143,7 +143,17 @@ class Model:
             unmap_constants(g)  # unchanged weights on disk are exported as references, not bytes
         if not weights:
             with weightless(self.all_graphs()):
-                return self.to_proto()
+                return self._export()
+        if len(list(self.all_graphs())) == 1:
+            # gs exports every constant, then the graph copies them all in: two copies of the
+            # weights at once. Exported as stubs, then filled in one by one: one (same bytes).
+            with weightless([self.graph], min_bytes=1024, floats_only=False) as swapped:
+                proto = self._export()
+            fill_weights(proto, swapped)
+            return proto
+        return self._export()
+
+    def _export(self) -> onnx.ModelProto:
         proto = gs.export_onnx(self.graph, do_type_check=False)
         share_subgraph_constants(proto.graph)
         proto.ir_version = max(self.ir_version, _min_ir_version(proto), _ir_for_initializers(proto))

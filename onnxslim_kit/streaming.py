@@ -213,9 +213,10 @@ def _field_size(tag_bytes: int, size: int) -> int:
 
 
 @contextlib.contextmanager
-def weightless(graphs, min_bytes: int = 4096):
-    """While open, float constants of ``min_bytes`` or more in ``graphs`` hold lazy values over
-    empty external-data stubs (location ``in-memory``), so an export copies no weights."""
+def weightless(graphs, min_bytes: int = 4096, floats_only: bool = True):
+    """While open, constants of ``min_bytes`` or more in ``graphs`` (only float ones with
+    ``floats_only``) hold lazy values over empty external-data stubs (location ``in-memory``),
+    so an export copies no weights. Yields the list of (constant, its real values)."""
     swapped, seen = [], set()
     for graph in graphs:
         for tensor in graph.tensors().values():
@@ -224,21 +225,37 @@ def weightless(graphs, min_bytes: int = 4096):
                     or isinstance(values, MappedValues):
                 continue
             seen.add(id(tensor))  # a constant read by a subgraph is listed by it too
-            dtype = np.dtype(tensor.dtype) if tensor.dtype is not None else None
-            if dtype is None or dtype.kind != "f" or getattr(values, "nbytes", 0) < min_bytes:
+            try:
+                dtype = np.dtype(tensor.dtype)
+                data_type = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+            except (TypeError, ValueError, KeyError):
+                continue
+            if (floats_only and dtype.kind != "f") or getattr(values, "nbytes", 0) < min_bytes:
                 continue
             if getattr(tensor, "export_dtype", None) not in (None, tensor.dtype):
                 continue  # exported as another type (bfloat16…): left as it is
-            stub = onnx.TensorProto(name=tensor.name, data_type=onnx.helper.np_dtype_to_tensor_dtype(dtype),
-                                    dims=list(tensor.shape))
+            stub = onnx.TensorProto(name=tensor.name, data_type=data_type, dims=list(tensor.shape))
             set_location(stub, "in-memory", 0, 0)
             swapped.append((tensor, values))
             tensor._values = LazyValues(stub)
     try:
-        yield
+        yield swapped
     finally:
         for tensor, values in swapped:
             tensor._values = values
+
+
+def fill_weights(proto: onnx.ModelProto, swapped: list) -> None:
+    """Put the real tensors of ``swapped`` (from :func:`weightless`, values restored) in place of
+    their stubs among ``proto``'s main-graph initializers, one tensor at a time, exactly as
+    onnx-graphsurgeon exports them."""
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    by_name = {tensor.name: tensor for tensor, _ in swapped}
+    for slot in proto.graph.initializer:
+        tensor = by_name.get(slot.name)
+        if tensor is not None and slot.data_location == onnx.TensorProto.EXTERNAL:
+            slot.CopyFrom(OnnxExporter.export_tensor_proto(tensor))
 
 
 def external_bytes(proto: onnx.ModelProto) -> int:
