@@ -37,13 +37,11 @@ Embeddings (Gather on a weight table) are not MatMuls and stay float.
 Memory (models whose weights do not fit twice): a target reads its float weight when it is
 quantized (:meth:`Target.load`, which does not cache the values in the graph's constant) and
 drops it after encoding, so the pass holds one layer's float copy (awq: the layers sharing one
-input) besides the int4 results. The whole-model copies are the core's: ``load_proto`` reads
-all external data into the ModelProto, the pipeline keeps that proto as the teacher, and
-``to_proto`` / verification / ``save_proto`` (``CopyFrom``) each build another full proto. To
-stream a model larger than memory the core would need (1) constants that read their bytes
-from the external-data file on demand (``load_external_data=False`` + lazy values), (2) a
-teacher/verifier that works from the file path, (3) a writer that streams initializers to the
-data file one at a time instead of serializing one in-memory ModelProto.
+input) besides the int4 results. For a model with external data the core streams the rest
+(:mod:`onnxslim_kit.streaming`): the weights stay in their file (a read maps one layer),
+ONNX Runtime maps them itself for the teacher and the verification, and the output's data file
+is written tensor by tensor — 256 MB of MatMul weights: peak RSS 367 MB (was 1386 MB),
+``benchmarks/measure_memory.py``, results/memory-2026-11-29-s2.md.
 
 Measured (``benchmarks/measure_fp16_int4.py``, results/fp16_int4-2026-11-29.md; worst-sample
 output cosine on held-out samples; MiniLM calibrated on 16 + 64 sentences, evaluated on 32
