@@ -177,3 +177,20 @@ def test_piecewise_serialization_is_byte_identical(tmp_path):
 
 def parse_tiny():
     return onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 13]>\ng (float[2] x) => (float[2] y) { y = Relu (x) }')
+
+
+def test_session_of_an_in_memory_proto_matches_a_serialized_one(monkeypatch):
+    import onnxruntime as ort
+
+    from onnxslim_kit import runtime
+
+    proto = chain_model()
+    x = {"x": np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)}
+    want = ort.InferenceSession(proto.SerializeToString(), runtime.session_options(),
+                                providers=["CPUExecutionProvider"]).run(None, x)[0]
+    given = []
+    real = runtime.ort.InferenceSession
+    monkeypatch.setattr(runtime.ort, "InferenceSession", lambda m, *a, **k: given.append(m) or real(m, *a, **k))
+    got = run(make_session(proto), x)["y"]
+    np.testing.assert_array_equal(got, want)
+    assert len(given[0]) < 2000 < proto.ByteSize()  # the weights went through a mapped file
