@@ -60,6 +60,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--name", help="results file stem (default prune-<UTC date>)")
     parser.add_argument("--render", type=Path, help="only re-render the .md of this saved results .json")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="JSON",
+                        help="only write a before → after table: the first results .json is 'before', the others "
+                             "'after' (to --out/--name)")
     return parser.parse_args(argv)
 
 
@@ -244,6 +247,57 @@ def summary(results: dict) -> list:
     return lines + ["", "Chosen by MACs (deterministic) rather than by the noisy latency ratio.", ""]
 
 
+def _our_rows(record: dict) -> dict:
+    return {row["ratio"]: row for row in record["rows"] if row["variant"].startswith("ours")}
+
+
+def _speedup(row: dict):
+    ratio = row.get("latency_ratio")
+    return 1 / ratio if ratio else None
+
+
+def compare(paths: list, command: str) -> str:
+    """Per model and ratio: our rows of the first results file ('before') next to the others ('after')."""
+    before = {r["model"]: r for r in json.loads(paths[0].read_text())["models"]}
+    lines = ["# prune: before → after", "", f"Command: `python benchmarks/measure_prune.py {command}`", "",
+             f"Before: `{paths[0].name}`; after: " + ", ".join(f"`{p.name}`" for p in paths[1:]) + ".", "",
+             ("Each cell is before → after. speed-up = 1 / (median paired latency ratio vs `fuse`), ORT CPU, "
+              "1 thread; its run-to-run noise on this shared machine is large (see the spread columns of the "
+              "source files); MACs vs fuse is exact. cosine = worst output cosine, agreement = task decisions "
+              "equal to the fused model's, both on held-out evaluation samples; step top-1 (recognizer): share of "
+              "time steps with the fused model's argmax."), ""]
+    for path in paths[1:]:
+        results = json.loads(path.read_text())
+        for record in results["models"]:
+            old = _our_rows(before.get(record["model"], {"rows": []}))
+            new = _our_rows(record)
+            variant = next(iter(new.values()))["variant"] if new else ""
+            options = ",".join(o for o in variant.partition("(")[2].rstrip(")").split(",") if not o.startswith("ratio="))
+            lines += [f"## {record['model']}", "",
+                      f"after: `{results['command']}` (prune options besides ratio: {options or 'defaults'}); "
+                      f"load average {record['load_before'][0]:.1f} / {record['load_after'][0]:.1f}", "",
+                      "| ratio | MACs vs fuse | speed-up vs fuse | worst cosine | agreement | step top-1 | tool s | meets |",
+                      "|---:|---|---|---|---|---|---|---|"]
+            base_new, base_old = record["rows"][0].get("macs"), before.get(record["model"], {"rows": [{}]})["rows"][0].get("macs")
+            for ratio in sorted(new):
+                a, b = old.get(ratio, {}), new[ratio]
+
+                def pair(key, spec, fa=a, fb=b, fn=None):
+                    va, vb = (fn(fa), fn(fb)) if fn else (fa.get(key), fb.get(key))
+                    return f"{_cell(va, spec)} → {_cell(vb, spec)}"
+
+                def macs(row, base):
+                    return row["macs"] / base if row.get("macs") and base else None
+
+                lines.append(
+                    f"| {ratio} | {_cell(macs(a, base_old), '.3f')} → {_cell(macs(b, base_new), '.3f')} | "
+                    f"{pair(None, '.2f', fn=_speedup)}× | {pair('cosine', '.4f')} | {pair('agreement', '.3f')} | "
+                    f"{pair('step_top1', '.4f')} | {pair('seconds', '')} | "
+                    f"{'yes' if a.get('meets') else 'no'} → {'yes' if b.get('meets') else 'no'} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -253,6 +307,11 @@ def main(argv: list | None = None) -> int:
     args = parse_args(given)
     if args.render:  # re-render the markdown of a saved run
         args.render.with_suffix(".md").write_text(markdown(json.loads(args.render.read_text())))
+        return 0
+    if args.compare:
+        stem = args.name or "prune-compare"
+        (args.out / f"{stem}.md").write_text(compare(args.compare, " ".join(shlex.quote(a) for a in given)))
+        log(f"wrote {args.out / stem}.md")
         return 0
     args.ratio_list = [float(r) for r in args.ratios.split(",") if r.strip()]
     started = datetime.now(timezone.utc)

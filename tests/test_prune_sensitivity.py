@@ -15,7 +15,7 @@ from onnxslim_kit.model import Model
 from onnxslim_kit.passes._prune_apply import apply
 from onnxslim_kit.passes._prune_importance import activation_stats, consumer_inputs, unit_costs
 from onnxslim_kit.passes._prune_refit import fit_held_out, ridge
-from onnxslim_kit.passes._prune_sensitivity import LossProbe, allocate, levels, masked_model
+from onnxslim_kit.passes._prune_sensitivity import LossProbe, allocate, levels, masked_model, measured_tensors
 from onnxslim_kit.passes.prune import analyse_model
 from onnxslim_kit.pipeline import PassContext
 
@@ -109,3 +109,12 @@ def test_fit_held_out_matches_ridge_on_all_rows():
     alpha, after, before, solved = fit_held_out(x, y, w0, np.arange(200) % 2 == 1, 12)
     assert after < 0.1 * before
     np.testing.assert_allclose(solved, ridge(x, y, w0, 12, alpha), rtol=1e-8, atol=1e-10)
+
+
+def test_loss_is_measured_on_logits_of_softmax_and_sigmoid_outputs():
+    nodes = [conv("a", "x", weight(8, 3, 3, 3), weight(8)), helper.make_node("Relu", ["a"], ["r"]),
+             conv("b", "r", weight(4, 8, 1, 1), weight(4)), helper.make_node("Softmax", ["b"], ["p"], axis=1),
+             helper.make_node("Sigmoid", ["b"], ["q"]), helper.make_node("Relu", ["b"], ["z"])]
+    inits = {"a.w": weight(8, 3, 3, 3), "a.b": weight(8), "b.w": weight(4, 8, 1, 1), "b.b": weight(4)}
+    proto = build(nodes, inits, [1, 3, 6, 6], {"p": 4, "q": 4, "z": 4})
+    assert measured_tensors(proto) == ["b", "z"]  # both squashed outputs share the logits "b"
