@@ -14,6 +14,8 @@ the cluster decoder is folded when the session is created), 1 intra-op thread:
   their [P10, P90];
 * session creation: ``--sessions`` sessions of each model, alternating, median seconds and the
   median of the paired ratios;
+* with ``--control``, an A/A block: the fused model against a byte-identical copy, the same
+  way — how far from 1 the ratio strays on this machine when nothing differs;
 * whether the graphs ORT runs are the same: op types and initializer shapes of both models
   after ORT's optimisations (the decoder folded), compared as sorted lists;
 * size (raw and zlib) vs the original file and vs the fused one; worst output cosine and the
@@ -52,6 +54,8 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--eval", type=int, default=16)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--suffix", default="", help="results file name suffix")
+    parser.add_argument("--control", action="store_true",
+                        help="also an A/A block: the fused model against a byte-identical copy (the noise floor)")
     return parser.parse_args(argv)
 
 
@@ -122,6 +126,13 @@ def measure(model: str, args, tmp: Path) -> dict:
         row = bench.rows[order.index(1)]
         blocks.append({"ratio": ratio, "spread": spread, "row": row,
                        "fused_ms": bench.rows[order.index(0)]["latency_ms"]["median"]})
+    control = None
+    if args.control:
+        copy = tmp / f"{model}.fuse-copy.onnx"
+        copy.write_bytes(paths[0].read_bytes())
+        bench = benchmark([str(paths[0]), str(copy)], data.eval, names=["fuse", "fuse copy"], runs=args.runs,
+                          warmup=10, memory=False)
+        control = {"ratio": bench.rows[1]["latency_ratio_vs_first"], "spread": bench.rows[1]["latency_ratio_spread"]}
     first = blocks[0]["row"]  # fused is the reference in the first block: drift and agreement vs fused
     sessions = session_times(paths, args.sessions)
     structures = [optimized_structure(p, tmp) for p in paths]
@@ -133,7 +144,7 @@ def measure(model: str, args, tmp: Path) -> dict:
         "metric": first.get("metric") or {}, "blocks": blocks,
         "session_s": [statistics.median(t) for t in sessions],
         "session_ratio": statistics.median(b / a for a, b in zip(*sessions)),
-        "same_graph": structures[0] == structures[1], "optimized_nodes": len(structures[1][0]),
+        "control": control, "same_graph": structures[0] == structures[1], "optimized_nodes": len(structures[1][0]),
         "metrics": cluster.metrics if cluster else {}, "notes": cluster.notes if cluster else [],
         "skipped": dict(cluster.skipped) if cluster else {},
     }
@@ -155,19 +166,21 @@ def render(results: list, args, command: str, date: datetime, commit: str) -> st
               f"median of round-by-round ratios clustered / fused [P10, P90]; {args.sessions} alternating "
               "session creations per model. 2 shared cores: load average (1, 5, 15 min) per model."), "",
              ("| model | size vs original (raw / zlib) | size vs fused (raw / zlib) | worst cosine vs fused | task "
-              "| latency ratio block 1 | block 2 | fused median ms | session s fused / clustered (paired ratio) "
+              "| latency ratio block 1 | block 2 | A/A control | fused median ms | session s fused / clustered (paired ratio) "
               "| ORT-optimized graphs equal | load before → after | pipeline s |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         o, f, c = r["original"], r["fuse"], r["cluster"]
         m = r["metric"]
         b1, b2 = r["blocks"]
+        c = r.get("control")
+        control = f"{c['ratio']:.4f} [{c['spread'][0]:.3f}, {c['spread'][1]:.3f}]" if c else "—"
         lines.append(
             f"| {r['model']} | {c[0] / o[0]:.4f} / {c[1] / o[1]:.4f} | {c[0] / f[0]:.4f} / {c[1] / f[1]:.4f} "
             f"| {r['cosine']:.5f} | {m.get('task', '')}: {fmt(m.get('score'))} (ref {fmt(m.get('score_original'))}), "
             f"agreement {fmt(m.get('agreement'))} "
             f"| {b1['ratio']:.4f} [{b1['spread'][0]:.3f}, {b1['spread'][1]:.3f}] "
-            f"| {b2['ratio']:.4f} [{b2['spread'][0]:.3f}, {b2['spread'][1]:.3f}] | {b1['fused_ms']:.2f} "
+            f"| {b2['ratio']:.4f} [{b2['spread'][0]:.3f}, {b2['spread'][1]:.3f}] | {control} | {b1['fused_ms']:.2f} "
             f"| {r['session_s'][0]:.3f} / {r['session_s'][1]:.3f} ({r['session_ratio']:.3f}) "
             f"| {'yes' if r['same_graph'] else 'NO'} ({r['optimized_nodes']} nodes) "
             f"| {tuple(round(x, 2) for x in r['load_before'])} → {tuple(round(x, 2) for x in r['load_after'])} "
