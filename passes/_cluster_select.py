@@ -11,10 +11,11 @@ alone cost less than 1e-4 of cosine. So the pass measures, on calibration data:
 3. Layers are ordered by damage per extra byte, ``d_i / (bytes_i(up) − bytes_i(k))``
    (``up`` = ``k_high``, 256 centroids in uint8 by default, with a codebook of its own; or
    float for a layer whose float weights take no more bytes than that), and the shortest
-   prefix moved up that brings ``c ≥ target`` is found by bisection (assumes fewer coarse layers never
-   hurt; nearly so in practice, not exactly: on PP-OCR cls v2 one layer up reached 0.9975 where
-   three missed 0.995 — so the prefix found holds the target but is not always the shortest). If all layers at ``high`` still miss the target, the same
-   order moves a prefix back to float.
+   prefix moved up that brings ``c ≥ target`` is found by bisection (assumes fewer coarse
+   layers never hurt; nearly so in practice, not exactly: on PP-OCR cls v2 one layer up
+   reached 0.9975 where three missed 0.995 — so the prefix found holds the target but is not
+   always the shortest). If all layers up still miss the target, the same order moves a
+   prefix back to float.
 
 All evaluations run in one ONNX Runtime session in which the candidate weights are
 *overridable initializers* (also listed as graph inputs): a configuration is a feed
