@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -410,12 +411,15 @@ def _quantize(target: Target, opts: dict, xtx, factors: dict, result: PassResult
 
 
 def _encode(model: Model, qw, dtype, fmt: str) -> tuple:
-    """(qw, [weight, scales, zero points or None] as constants, bytes they take)."""
+    """(the layer's shape (k, n, block_size), [weight, scales, zero points or None] as constants,
+    bytes they take). The codes of ``qw`` (a byte per weight) are not kept: the cache holds the
+    packed constants only (streaming a 256 MB model: 64 MB less)."""
+    shape = SimpleNamespace(k=qw.k, n=qw.n, block_size=qw.block_size)
     if fmt == "nbits":
         b, scales, zeros = _int4_quant.nbits_arrays(qw, dtype)
         consts = [new_constant(model, "int4/B", b), new_constant(model, "int4/scales", scales),
                   new_constant(model, "int4/zero_points", zeros) if zeros is not None else None]
-        return qw, consts, b.nbytes + scales.nbytes + (zeros.nbytes if zeros is not None else 0)
+        return shape, consts, b.nbytes + scales.nbytes + (zeros.nbytes if zeros is not None else 0)
     codes, scales, zeros = _int4_quant.qdq_arrays(qw, dtype)
     consts = [
         _int4_quant.int4_tensor(model.fresh_name("int4/w"), codes, signed=qw.symmetric),
@@ -424,7 +428,7 @@ def _encode(model: Model, qw, dtype, fmt: str) -> tuple:
         if zeros is not None else None,
     ]
     packed = (codes.size + 1) // 2 + (((zeros.size + 1) // 2) if zeros is not None else 0)
-    return qw, consts, packed + scales.nbytes
+    return shape, consts, packed + scales.nbytes
 
 
 # --- rewriting -----------------------------------------------------------------------------
