@@ -591,3 +591,18 @@ def test_scorer_batches_small_samples_of_a_batch_free_model():
     exact = scorer(dyn)
     assert scorer.runs == 5
     assert exact == pytest.approx(min(cosine(run_ort(model, s)[0], run_ort(dyn, s)[0]) for s in samples), abs=1e-6)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_dynamic_rung_on_gemm_keeps_bias_and_layout(trans_b, tmp_path):
+    rng = np.random.default_rng(7)
+    b = w(24, 16, rng=rng) if trans_b else w(16, 24, rng=rng)
+    model = build(f"y = Gemm <transB = {trans_b}> (x, b, c)", "float[N, 16] x", {"b": b, "c": w(24, rng=rng) + 3.0})
+    feed = CalibrationFeed(input_specs(model), [
+        {"x": (rng.standard_normal((4, 16)) * s).astype(np.float32)} for s in (30.0, 1.0, 0.3, 1.0)])
+    out, report = run_pipeline(model, parse_pass_list("int8(target=cos:0.9995,speed_check=false,ladder=dynamic,smooth=0)"),
+                               feed, verify_samples=4)
+    rep = report.passes[-1]
+    assert rep.metrics["layers_dynamic"] == 1 and rep.rewrites["Gemm→int8 dynamic"] == 1
+    assert optimized_ops(out, tmp_path)["DynamicQuantizeMatMul"] == 1
+    assert rep.verification["outputs"]["y"]["cosine"] >= 0.9995
