@@ -173,8 +173,8 @@ def render(results: list, args, command: str, date: datetime, commit: str) -> st
         o, f, c = r["original"], r["fuse"], r["cluster"]
         m = r["metric"]
         b1, b2 = r["blocks"]
-        c = r.get("control")
-        control = f"{c['ratio']:.4f} [{c['spread'][0]:.3f}, {c['spread'][1]:.3f}]" if c else "—"
+        ctl = r.get("control")
+        control = f"{ctl['ratio']:.4f} [{ctl['spread'][0]:.3f}, {ctl['spread'][1]:.3f}]" if ctl else "—"
         lines.append(
             f"| {r['model']} | {c[0] / o[0]:.4f} / {c[1] / o[1]:.4f} | {c[0] / f[0]:.4f} / {c[1] / f[1]:.4f} "
             f"| {r['cosine']:.5f} | {m.get('task', '')}: {fmt(m.get('score'))} (ref {fmt(m.get('score_original'))}), "
