@@ -2,7 +2,7 @@
 
     python benchmarks/measure_svd_cluster.py                          # the default cases below
     python benchmarks/measure_svd_cluster.py --cases "ppocrv4_det:fuse,cluster(k=16)" --runs 10
-    python benchmarks/measure_svd_cluster.py --cases "minilm_l6:svd" --calib 32 --append
+    python benchmarks/measure_svd_cluster.py --cases "minilm_l6:svd" --calib 32 --eval 32 --name svd-s2
 
 For each ``model:pipeline`` case: calibration and evaluation samples from ``inputs.py`` (the
 suite's own: 16 + 16 by default, different pages/lines/faces), the pipeline run in-process
@@ -11,7 +11,7 @@ evaluation samples — the original and the result interleaved run by run, 1 int
 ORT graph optimizations ``all`` (as deployed: the cluster decoder is folded at load) — for
 raw/zlib size, worst output cosine, the task metric of ``tasks.py`` and the paired latency
 ratio. The pass's own notes (chosen k per layer, ranks) are copied into the results file,
-``benchmarks/results/svd_cluster-<UTC date>.md``. Latency on a shared 2-core machine is noisy:
+``benchmarks/results/<--name>-<UTC date>.md``. Latency on a shared 2-core machine is noisy:
 the ratio is a median of paired rounds and the load average is recorded.
 """
 
@@ -44,6 +44,7 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--eval", type=int, default=16, help="evaluation samples (default 16)")
     parser.add_argument("--runs", type=int, default=15, help="timed interleaved rounds (default 15)")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument("--name", default="svd_cluster", help="results file stem (default svd_cluster)")
     parser.add_argument("--append", action="store_true", help="add to today's results file instead of replacing it")
     return parser.parse_args(argv)
 
@@ -72,10 +73,12 @@ def measure(model: str, pipeline: str, args) -> dict:
 
 def summary_line(result: dict) -> str:
     row = result["row"]
-    cosines = [d["cosine"] for d in (row.get("drift") or {}).values() if d]
+    drift = {k: d for k, d in (row.get("drift") or {}).items() if d}
+    cosines = [d["cosine"] for d in drift.values()]
+    per_output = ", ".join(f"{k} {fmt(d['cosine'])}" for k, d in drift.items()) if len(drift) > 1 else ""
     metric = row.get("metric") or {}
     return (f"| {result['model']} | `{result['pipeline']}` | {fmt(row['size_ratio'])} raw, {fmt(row['zlib_ratio'])} "
-            f"zlib | {fmt(row['macs_ratio'])} | {fmt(min(cosines) if cosines else None)} | "
+            f"zlib | {fmt(row['macs_ratio'])} | {fmt(min(cosines) if cosines else None)}{' (' + per_output + ')' if per_output else ''} | "
             f"{metric.get('task', '')}: {fmt(metric.get('score'))} (orig {fmt(metric.get('score_original'))}), "
             f"agreement {fmt(metric.get('agreement'))} | {fmt(row.get('latency_ratio_vs_first'))} "
             f"(spread {fmt(row.get('latency_ratio_spread'))}) | {result['seconds']} |")
@@ -113,7 +116,7 @@ def main(argv: list | None = None) -> int:
     command = f"python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:] if argv is None else argv)}"
     load_before, date = os.getloadavg(), datetime.now(timezone.utc)
     args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"svd_cluster-{date.date().isoformat()}.md"
+    target = args.out / f"{args.name}-{date.date().isoformat()}.md"
     earlier = target.read_text() + "\n" if args.append and target.exists() else ""
     results = []
     for case in args.cases:

@@ -29,6 +29,18 @@ was seen on fewer than ``2·k`` rows (e.g. an SE block after global pooling: one
 sample) gets the plain SVD too: its Gram matrix is (nearly) rank-deficient and a rank fitted
 to it would not generalise. The notes say which was used.
 
+Allocation (``alloc``; :mod:`._svd_alloc`): by default, when the calibration data allow a
+held-out check (data-aware, ≥ 16 samples), a target is set and no rank/ratio/energy rule is
+given, the per-layer cosine rule is replaced by a measured one: each layer's end-to-end loss at
+a grid of ranks (cross-fitted on the two halves of the calibration samples), then one budget
+for the whole model — the largest-saving allocation whose measured output cosine on the
+held-out samples holds ``target``. Layers whose every grid rank would be slower are left out
+beforehand (:mod:`._svd_speed`); the notes list each layer's losses per rank and its rank.
+Measured on MiniLM-L6 with 32 calibration sentences (``benchmarks/results/svd-2026-11-29-s2*.md``):
+the uniform rule found 0 % of the weight-MatMul FLOPs at ≥ 0.99, the allocation ≈ 3 %; in-sample
+the same allocation reaches 29 % at 0.994, so the limit is how far 32 sentences generalise.
+``alloc=layer`` keeps the per-layer rule below.
+
 End-to-end target (``target``, default 0.99; 0 turns it off; ignored with ``force``): per-layer
 budgets do not bound the output error, so the pass measures the model's output cosine on 8
 calibration samples and keeps only the longest damage-ordered prefix of the planned
@@ -47,6 +59,7 @@ import numpy as np
 
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
+from ._svd_alloc import Candidate, Probe, choose, grid_ranks, sensitivity
 from ._svd_math import Factorization, HeadsFactorization, breakeven_rank
 from ._svd_rewrite import apply
 from ._svd_select import select
@@ -93,6 +106,10 @@ class SvdPass(Pass):
         "force": Option(bool, False, "factorise even when it does not pay off (tests, experiments)"),
         "measure": Option(bool, True, "time small layers in ORT and skip those that get slower"),
         "ops": Option(str, "matmul+gemm+conv", "which layers to factorise, joined by '+'"),
+        "alloc": Option(str, "auto", "rank allocation: sensitivity (measured per layer, one global budget), "
+                                     "layer (each layer's own rule); auto: sensitivity with calibration data "
+                                     "and a target unless rank/ratio/energy is set",
+                        ("auto", "sensitivity", "layer")),
         "spatial": Option(str, "auto", "k×k Conv: kxk (r k×k filters + 1×1), separable (k×1 + 1×k) or the "
                                        "cheaper of the two", ("auto", "kxk", "separable")),
     }
@@ -121,6 +138,12 @@ class SvdPass(Pass):
         if held_out:  # the end-to-end check runs on samples the factors were not fitted on
             samples, check = samples[:-TARGET_SAMPLES], samples[-TARGET_SAMPLES:]
         stats = collect(model.to_proto(), layers, samples, want_gram=data_aware)
+        if self._use_alloc(opts, held_out):
+            kept, measured, lines = self._allocate(model, ctx, layers, stats, samples, check, result)
+            where = "held-out calibration samples" if held_out else "calibration samples"
+            self._report(result, layers, stats, kept, opts, data_aware, len(samples), (measured, where), lines,
+                         alloc=True)
+            return result
         plans, lines = [], []
         for layer in ctx.progress(layers, desc="svd", total=len(layers)):
             plan, line = self._plan(layer, stats[layer.key], opts, data_aware, result)
@@ -136,6 +159,70 @@ class SvdPass(Pass):
         self._report(result, layers, stats, kept, opts, data_aware, len(samples), (measured, where), lines)
         return result
 
+    @staticmethod
+    def _use_alloc(opts, held_out: bool) -> bool:
+        """Sensitivity allocation: asked for, or (auto) with a held-out target check (data-aware,
+        at least 2·TARGET_SAMPLES calibration samples) and no explicit rank rule."""
+        if opts["alloc"] == "auto":
+            return (held_out and bool(opts["target"]) and not opts["force"]
+                    and not (opts["rank"] or opts["ratio"] or opts["energy"]))
+        return opts["alloc"] == "sensitivity"
+
+    def _allocate(self, model, ctx, layers, stats, samples, check, result) -> tuple:
+        """``alloc=sensitivity`` (:mod:`._svd_alloc`): ``(kept plans, measured cosine, notes)``."""
+        opts, cands, lines = ctx.options, [], []
+        for layer in layers:
+            entry = stats[layer.key]
+            name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
+            halves = [entry.half(i) for i in (0, 1)]
+            if layer.kind == "batched" or entry.gram is None or halves[1][0] is None:
+                result.skip("batched weight (alloc=layer factorises it per head)")
+                lines.append(f"{name}: kept (batched weight: not allocated; alloc=layer factorises it per head)")
+                continue
+            rows = entry.rows_per_sample
+            full = Factorization(layer.matrix, entry.normalized_gram, entry.gram_rows, entry.fourth)
+            cand = Candidate(layer, full, tuple(Factorization(layer.matrix, *h) for h in halves),
+                             flops(rows, layer.k, layer.n))
+            w_shape = layer.node.inputs[1].values.shape if layer.kind == "conv" else (layer.k, layer.n)
+            attrs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in layer.node.attrs.items()))
+            kind = "conv" if layer.kind == "conv" else "matmul"
+            ranks = [r for r in grid_ranks(layer.k, layer.n, breakeven_rank(layer.k, layer.n))
+                     if decide(kind, entry.shape, w_shape, rows, layer.k, layer.n, r, attrs, opts["measure"])[0]]
+            if not ranks:
+                result.skip("factorised layer would be slower")
+                lines.append(f"{name}: kept (no grid rank is faster: "
+                             f"{decide(kind, entry.shape, w_shape, rows, layer.k, layer.n, 1, attrs, opts['measure'])[1]} "
+                             "at rank 1 or the FLOPs saved are < 5 %)")
+                continue
+            cands.append(cand)
+        if not cands:
+            return [], None, lines
+        probe = Probe(model.to_proto(), samples + check)
+        for cand in ctx.progress(cands, desc="svd sensitivity", total=len(cands)):
+            layer, rows = cand.layer, stats[cand.layer.key].rows_per_sample
+            sensitivity(probe, cand, grid_ranks(layer.k, layer.n, breakeven_rank(layer.k, layer.n)),
+                        lambda r, layer=layer, rows=rows: flops(rows, layer.k, layer.n, r), len(samples))
+        pick, measured = choose(probe, cands, list(range(len(samples), len(samples) + len(check))), opts["target"])
+        kept = []
+        for cand in cands:
+            layer, rows = cand.layer, stats[cand.layer.key].rows_per_sample
+            name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
+            losses = ", ".join(f"{r}:{loss:.1e}" for r, _s, loss in cand.options)
+            r = pick.get(id(cand))
+            if r is None:
+                result.skip("not worth its measured loss")
+                lines.append(f"{name}: kept (cross-fitted loss per rank {losses})")
+                continue
+            a, b = cand.full.factors(r)
+            apply(model, layer, a, b)
+            plan = Plan(layer, r, a, b, rows, 0.0, "", flops(rows, layer.k, layer.n, r), r * (layer.k + layer.n))
+            kept.append(plan)
+            result.rewrite(f"{layer.kind} → 2 × {'conv' if layer.kind == 'conv' else 'matmul'}")
+            lines.append(f"{name}: r={r} (break-even {breakeven_rank(layer.k, layer.n)}, "
+                         f"{1 - plan.flops_after / cand.flops_before:.0%} of its FLOPs removed; cross-fitted "
+                         f"loss per rank {losses})")
+        return kept, measured, lines
+
     def _choose(self, model, check: list, plans: list, opts) -> tuple:
         """The plans to apply (applied on return) and the measured output cosine (or None)."""
         if opts["force"] or not opts["target"] or not plans:
@@ -144,7 +231,8 @@ class SvdPass(Pass):
             return plans, None
         return select(model, plans, check, opts["target"])
 
-    def _report(self, result, layers, stats, kept, opts, data_aware, n_samples, measured, lines) -> None:
+    def _report(self, result, layers, stats, kept, opts, data_aware, n_samples, measured, lines,
+                alloc: bool = False) -> None:
         applied = {id(p.layer): p for p in kept}
         totals = {"flops_before": 0, "flops_after": 0, "params_before": 0, "params_after": 0}
         for layer in layers:
@@ -163,14 +251,17 @@ class SvdPass(Pass):
                 else "plain SVD (no calibration data given: weights only, exact for white inputs)")
         held = (f"; kept {len(kept)} of the planned rewrites to hold output cosine ≥ {opts['target']} "
                 f"(measured {measured:.5f} on {where})" if measured is not None else "")
-        result.notes.append(f"{mode}; rank by {self._rule(opts)}{held}; FLOPs of the candidate layers "
+        result.notes.append(f"{mode}; rank by {self._rule(opts, alloc)}{held}; FLOPs of the candidate layers "
                             f"{totals['flops_before']:.3g} → {totals['flops_after']:.3g}")
         result.notes.extend(lines[:MAX_NOTE_LAYERS])
         if len(lines) > MAX_NOTE_LAYERS:
             result.notes.append(f"… {len(lines) - MAX_NOTE_LAYERS} more layers")
 
     @staticmethod
-    def _rule(opts) -> str:
+    def _rule(opts, alloc: bool = False) -> str:
+        if alloc:
+            return (f"measured sensitivity (cross-fitted 1 − cos per layer and rank, one budget for the model: "
+                    f"largest saving holding output cosine ≥ {opts['target']})")
         for key in ("rank", "ratio", "energy"):
             if opts[key]:
                 return f"{key}={opts[key]}"

@@ -320,3 +320,47 @@ def test_batched_full_rank_is_lossless(rng):
     assert entry.lossless and entry.verification["status"] == "ok" and sum(entry.rewrites.values()) == 1
     for sample in calib:
         assert compare(run_ort(model, sample)[0], run_ort(out, sample)[0]).max_rel <= 1e-5
+
+
+def two_layer_model(rng, noise=0.01):
+    """``y = x W1 + x W2``: W1 nearly rank 4 (cheap to factorise), W2 full rank (costly)."""
+    w = rng.standard_normal
+    cheap = w((64, 4)) @ w((4, 64)) + noise * w((64, 64))
+    return model_with([helper.make_node("MatMul", ["x", "cheap"], ["a"]), helper.make_node("MatMul", ["x", "full"], ["b"]),
+                       helper.make_node("Add", ["a", "b"], ["y"])],
+                      [("x", [16, 64])], {"cheap": cheap, "full": 3 * w((64, 64))})
+
+
+def test_sensitivity_allocation_factorises_the_cheap_layer(rng):
+    model = two_layer_model(rng)
+    calib = CalibrationFeed(input_specs(model), None, num_samples=24).take(24)
+    out, entry = run_svd(model, "svd(measure=false)", calib)  # ≥ 16 samples: alloc=auto → sensitivity
+    assert any("measured sensitivity" in note for note in entry.notes)
+    assert entry.rewrites == {"matmul → 2 × matmul": 1}
+    names = {t.name for t in out.graph.initializer}
+    assert "full" in names and "cheap" not in names
+    assert entry.metrics["target_cosine_measured"] >= 0.99
+    assert entry.verification["outputs"]["y"]["cosine"] >= 0.98
+    assert 0 < entry.metrics["flops_removed"] < 0.5
+
+
+def test_sensitivity_allocation_spends_a_looser_budget(rng):
+    model = two_layer_model(rng, noise=0.3)
+    calib = CalibrationFeed(input_specs(model), None, num_samples=24).take(24)
+    _, strict = run_svd(model, "svd(measure=false,target=0.9999)", calib)
+    _, loose = run_svd(model, "svd(measure=false,target=0.9)", calib)
+    assert strict.metrics["flops_removed"] < loose.metrics["flops_removed"]
+    assert loose.metrics["target_cosine_measured"] >= 0.9
+    assert strict.metrics.get("target_cosine_measured", 1.0) >= 0.9999
+
+
+def test_allocations_order_by_saving():
+    from onnxslim_kit.passes._svd_alloc import Candidate, allocations
+
+    cheap = Candidate(None, None, (), 100, [(8, 50, 1e-4), (4, 75, 1e-3)])
+    costly = Candidate(None, None, (), 100, [(8, 50, 1e-1)])
+    picks = allocations([cheap, costly])
+    savings = [sum(s for c in (cheap, costly) for r, s, _l in c.options if p.get(id(c)) == r) for p in picks]
+    assert savings == sorted(savings) and len(picks) == 3
+    assert picks[0] == {id(cheap): 8} and picks[1] == {id(cheap): 4}
+    assert picks[-1] == {id(cheap): 4, id(costly): 8}

@@ -1,0 +1,175 @@
+"""Rank allocation across layers by measured sensitivity (data-aware ``svd``, ``alloc=sensitivity``).
+
+A uniform per-layer rule (every layer keeps the same output cosine) spends the error budget
+badly: layers differ by orders of magnitude in how much end-to-end damage a FLOP saved costs
+(MiniLM-L6: a query/key projection at a quarter of its break-even rank costs less output
+cosine than an FFN layer at 80 %; measured, ``benchmarks/results/svd-2026-11-29-s2.md``).
+So:
+
+1. **Sensitivity.** For every candidate layer and every rank of a grid (the ranks removing
+   ``GRID`` fractions of the layer's FLOPs) the loss ``1 − cos`` of the model's float outputs
+   against the unmodified model is measured with that layer alone factorised, *cross-fitted*:
+   factors fitted on the statistics of one half of the calibration samples (even / odd index),
+   loss measured on the samples of the other half, the two averaged — an in-sample loss was
+   useless (MiniLM, 32 sentences: in-sample allocation 29 % of FLOPs at cosine 0.994 on the
+   calibration sentences, 0.63 on other sentences).
+2. **Allocation.** Losses of small perturbations add up, so for a price ``λ`` each layer takes
+   the grid rank minimising ``loss − λ · FLOPs saved`` (or stays whole); larger ``λ`` saves
+   more. The allocations of ``LAMBDAS`` prices are ordered by saving and the largest one whose
+   *measured* worst output cosine (factors fitted on all statistics, the pass's check samples)
+   holds the target is found by bisection.
+
+Trials put ``W_eff = A_r B_r`` in the layer (the product, not the factorised graph: the same
+values up to rounding) — one ONNX Runtime session per layer, its weight a graph input
+(:class:`Probe`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxslim_kit.metrics import cosine
+from onnxslim_kit.runtime import make_session, run
+
+GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)  # fractions of a layer's FLOPs removed
+LAMBDAS = 40
+MAX_HALF_SAMPLES = 6  # samples per half for the sensitivity runs
+
+
+class Probe:
+    """Trials of factorised weights against the unmodified model on fixed samples.
+
+    A layer's trials share one session in which that layer's weight alone is a graph input
+    (the others stay initializers: ORT pre-packs constant MatMul weights; with every weight an
+    input MiniLM ran 4× slower); a whole allocation is measured with its weights baked in."""
+
+    def __init__(self, proto: onnx.ModelProto, samples: list):
+        self.proto = proto
+        self.samples = samples
+        session = make_session(proto, opt_level="all", threads=1)
+        self.reference = [run(session, sample) for sample in samples]
+
+    def _variant(self, replace: dict, as_input: str | None = None):
+        """A session of the model with initializers ``replace`` ({name: array}) swapped in and
+        ``as_input`` turned into a graph input."""
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.proto)
+        kept = []
+        for init in proto.graph.initializer:
+            if init.name == as_input:
+                value = onnx.numpy_helper.to_array(init)
+                proto.graph.input.append(helper.make_tensor_value_info(
+                    init.name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+                continue
+            if init.name in replace:
+                init.CopyFrom(onnx.numpy_helper.from_array(replace[init.name], init.name))
+            kept.append(init)
+        del proto.graph.initializer[:]
+        proto.graph.initializer.extend(kept)
+        return make_session(proto, opt_level="all", threads=1)
+
+    def _losses(self, session, which: list, extra: dict) -> np.ndarray:
+        out = []
+        for i in which:
+            got, ref = run(session, {**self.samples[i], **extra}), self.reference[i]
+            out.append(max([1.0 - cosine(r, got[name]) for name, r in ref.items() if r.dtype.kind == "f"],
+                           default=0.0))
+        return np.asarray(out)
+
+    def layer_losses(self, layer, trials: list) -> list:
+        """For each ``(weight tensor, sample indices)`` of ``trials``: mean ``1 − cos`` (worst
+        float output) over those samples with that weight in ``layer``."""
+        name = layer.node.inputs[1].name
+        session = self._variant({}, as_input=name)
+        return [float(np.mean(self._losses(session, which, {name: v}))) for v, which in trials]
+
+    def losses(self, replace: dict, which: list) -> np.ndarray:
+        """``1 − cos`` per sample of ``which`` with ``replace`` ({layer: weight tensor}) baked in."""
+        session = self._variant({layer.node.inputs[1].name: v for layer, v in replace.items()})
+        return self._losses(session, which, {})
+
+
+@dataclass(eq=False)
+class Candidate:
+    """A layer the allocation may factorise: full-data and per-half factorisations, grid ranks."""
+
+    layer: object
+    full: object  # Factorization on all statistics
+    halves: tuple  # Factorization on half 0 and half 1
+    flops_before: int
+    options: list = field(default_factory=list)  # (r, FLOPs saved, cross-fitted loss)
+
+
+def grid_ranks(k: int, n: int, breakeven: int) -> list:
+    """Ranks removing the ``GRID`` fractions of ``k n`` MACs per row (distinct, ≥ 1, ≤ break-even)."""
+    ranks = {max(int(k * n * (1 - f) / (k + n)), 1) for f in GRID}
+    return sorted(r for r in ranks if r <= breakeven)
+
+
+def sensitivity(probe: Probe, cand: Candidate, ranks: list, flops_after, n: int) -> None:
+    """Fill ``cand.options`` with the cross-fitted loss of each rank (see the module docstring);
+    the first ``n`` probe samples are the ones the statistics were collected on."""
+    tests = [list(range(1, n, 2))[:MAX_HALF_SAMPLES], list(range(0, n, 2))[:MAX_HALF_SAMPLES]]
+    trials = [(weight_value(cand.layer, np.matmul(*fact.factors(r))), test)
+              for fact, test in zip(cand.halves, tests) for r in ranks]
+    losses = np.asarray(probe.layer_losses(cand.layer, trials)).reshape(2, len(ranks)).mean(axis=0)
+    cand.options.extend((r, cand.flops_before - flops_after(r), float(loss)) for r, loss in zip(ranks, losses))
+
+
+def allocations(cands: list) -> list:
+    """Distinct allocations ``{id(candidate): r}`` of ``LAMBDAS`` prices, by FLOPs saved."""
+    ratios = [loss / saved for c in cands for _r, saved, loss in c.options if saved > 0 and loss > 0]
+    if not ratios:
+        return []
+    found = {}
+    for lam in np.geomspace(min(ratios) / 2, max(ratios) * 2, LAMBDAS):
+        pick = {}
+        for c in cands:
+            best, best_r = 0.0, None
+            for r, saved, loss in c.options:
+                if loss - lam * saved < best:
+                    best, best_r = loss - lam * saved, r
+            if best_r is not None:
+                pick[id(c)] = best_r
+        saving = sum(saved for c in cands for r, saved, _l in c.options if pick.get(id(c)) == r)
+        found.setdefault(tuple(sorted(pick.items())), (saving, pick))
+    return [pick for _s, pick in sorted(found.values(), key=lambda t: t[0]) if pick]
+
+
+def choose(probe: Probe, cands: list, check: list, target: float) -> tuple:
+    """``(allocation, measured worst cosine)``: the largest-saving allocation whose full-data
+    factors hold ``target`` on the ``check`` sample indices (bisection; ``({}, 1.0)`` if none)."""
+    options = allocations(cands)
+    by_id = {id(c): c for c in cands}
+
+    def measure(pick: dict) -> float:
+        replace = {}
+        for key, r in pick.items():
+            c = by_id[key]
+            a, b = c.full.factors(r)
+            replace[c.layer] = weight_value(c.layer, a @ b)
+        return 1.0 - float(np.max(probe.losses(replace, check)))
+
+    good, good_cos, lo, hi = {}, 1.0, -1, len(options)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        cos = measure(options[mid])
+        if cos >= target:
+            lo, good, good_cos = mid, options[mid], cos
+        else:
+            hi = mid
+    return good, good_cos
+
+
+def weight_value(layer, matrix: np.ndarray) -> np.ndarray:
+    """The layer's weight tensor for an effective ``k × n`` matrix (inverse of ``match``)."""
+    values = layer.node.inputs[1].values
+    if layer.kind == "conv":
+        return matrix.T.reshape(values.shape).astype(values.dtype)
+    if layer.kind == "gemm" and layer.node.attrs.get("transB", 0):
+        return np.ascontiguousarray(matrix.T).astype(values.dtype)
+    return matrix.astype(values.dtype)
