@@ -116,7 +116,7 @@ def summarise(row: dict, bench_row: dict) -> dict:
         "latency_ratio_spread": bench_row.get("latency_ratio_spread"),
         "cosine": worst_cosine(bench_row.get("drift")),
         "task": metric.get("task"), "score": metric.get("score"), "agreement": metric.get("agreement"),
-        "step_top1": metric.get("step_top1"),
+        "step_top1": metric.get("step_top1"), "cosine_by_label": metric.get("cosine_by_label"),
         "error": row.get("error") or bench_row.get("error"),
     })
     ratio, cos, agr = row["latency_ratio"], row["cosine"], row["agreement"]
@@ -142,6 +142,28 @@ def with_step_top1(metric, output: str | None):
     return hook
 
 
+def with_label_cosine(metric, labels):
+    """``metric`` plus ``cosine_by_label``: {label: {output: worst cosine over the samples of that label}}
+    when the evaluation samples carry integer class labels (e.g. MTCNN-O: its box and landmark outputs
+    are used only on faces, label 1)."""
+    from onnxslim_kit.metrics import cosine
+
+    if metric is None or not labels or not all(isinstance(label, int) for label in labels):
+        return metric
+
+    def hook(reference, outputs):
+        values = dict(metric(reference, outputs))
+        by_label: dict = {}
+        for label, r, o in zip(labels, reference, outputs):
+            for key in r:
+                if key in o and np.asarray(r[key]).dtype.kind == "f":
+                    cell = by_label.setdefault(str(label), {})
+                    cell[key] = min(cell.get(key, 1.0), cosine(r[key], o[key]))
+        values["cosine_by_label"] = {k: {o: round(c, 4) for o, c in v.items()} for k, v in by_label.items()}
+        return values
+    return hook
+
+
 def run_model(name: str, args) -> dict:
     from onnxslim_kit.bench import benchmark
     from onnxslim_kit.calibration import CalibrationFeed, input_specs
@@ -154,7 +176,7 @@ def run_model(name: str, args) -> dict:
     proto = load_proto(path)
     feed = CalibrationFeed(input_specs(proto), data.calib)
     fused, _ = run_pipeline(proto, [PassSpec("fuse", {})], feed, verify=False)
-    metric = with_step_top1(data.metric, STEP_OUTPUTS.get(name))
+    metric = with_label_cosine(with_step_top1(data.metric, STEP_OUTPUTS.get(name)), data.labels)
     models, rows = [fused], [{"variant": "fuse", "ratio": 0.0}]
     for ratio in args.ratio_list:
         options = prune_options(ratio, args.prune)
@@ -220,6 +242,12 @@ def markdown(results: dict) -> str:
                 f"{_cell(row.get('cosine'), '.4f')} | {row.get('task') or '—'} | {_cell(row.get('agreement'), '.3f')} | "
                 f"{_cell(row.get('step_top1'), '.4f')} | {_cell(row.get('score'), '.3f')} | {_cell(row.get('seconds'), '')} | "
                 f"{'yes' if row.get('meets') else ''} |")
+        labelled = [r for r in record["rows"] if r.get("cosine_by_label")]
+        if labelled:
+            lines += ["", "Worst output cosine per evaluation label (label: output=cosine):", ""]
+            lines += [f"- {r['variant']}: " + "; ".join(
+                f"label {label}: " + ", ".join(f"{o}={c:.4f}" for o, c in outs.items())
+                for label, outs in sorted(r["cosine_by_label"].items())) for r in labelled if r["ratio"]]
         lines.append("")
     return "\n".join(lines + summary(results))
 
@@ -271,13 +299,15 @@ def compare(paths: list, command: str) -> str:
         for record in results["models"]:
             old = _our_rows(before.get(record["model"], {"rows": []}))
             new = _our_rows(record)
+            sim = {row["ratio"]: row for row in record["rows"] if row["variant"].startswith("onnxsim")}
             variant = next(iter(new.values()))["variant"] if new else ""
             options = ",".join(o for o in variant.partition("(")[2].rstrip(")").split(",") if not o.startswith("ratio="))
             lines += [f"## {record['model']}", "",
                       f"after: `{results['command']}` (prune options besides ratio: {options or 'defaults'}); "
                       f"load average {record['load_before'][0]:.1f} / {record['load_after'][0]:.1f}", "",
-                      "| ratio | MACs vs fuse | speed-up vs fuse | worst cosine | agreement | step top-1 | tool s | meets |",
-                      "|---:|---|---|---|---|---|---|---|"]
+                      ("| ratio | MACs vs fuse | speed-up vs fuse | worst cosine | agreement | step top-1 | tool s | meets | "
+                       "onnxsim same ratio, same run: speed-up / cosine / agreement |"),
+                      "|---:|---|---|---|---|---|---|---|---|"]
             base_new, base_old = record["rows"][0].get("macs"), before.get(record["model"], {"rows": [{}]})["rows"][0].get("macs")
             for ratio in sorted(new):
                 a, b = old.get(ratio, {}), new[ratio]
@@ -293,7 +323,9 @@ def compare(paths: list, command: str) -> str:
                     f"| {ratio} | {_cell(macs(a, base_old), '.3f')} → {_cell(macs(b, base_new), '.3f')} | "
                     f"{pair(None, '.2f', fn=_speedup)}× | {pair('cosine', '.4f')} | {pair('agreement', '.3f')} | "
                     f"{pair('step_top1', '.4f')} | {pair('seconds', '')} | "
-                    f"{'yes' if a.get('meets') else 'no'} → {'yes' if b.get('meets') else 'no'} |")
+                    f"{'yes' if a.get('meets') else 'no'} → {'yes' if b.get('meets') else 'no'} | "
+                    f"{_cell(_speedup(sim.get(ratio, {})), '.2f')}× / {_cell(sim.get(ratio, {}).get('cosine'), '.4f')} / "
+                    f"{_cell(sim.get(ratio, {}).get('agreement'), '.3f')} |")
             lines.append("")
     return "\n".join(lines)
 
