@@ -41,12 +41,11 @@ HERE = Path(__file__).resolve().parent
 FP16_MODELS = ["ppocrv4_det", "ppocr_cls_v2", "orientation"]
 INT4_MODELS = ["minilm_l6", "ppocrv4_rec", "mtcnn_onet"]
 CALIB_SENTENCES = HERE / "data" / "calib_sentences.txt"
-OURS_INT4 = [  # samples=80: every calibration sample (MiniLM has 16 + 64; the others 16)
+OURS_INT4 = [  # the default (GPTQ act_order asym block 64, H-weighted range search, 8-bit layers within 0.16×)
     "int4",
-    "int4(awq=true,samples=80)",
-    "int4(method=gptq,sequential=false,samples=80)",
-    "int4(method=gptq,sequential=false,samples=80,act_order=true,symmetric=false,block_size=64)",
-    "int4(method=gptq,sequential=false,samples=80,act_order=true,awq=true,damp=0.1)",
+    "int4(max_ratio=0)",  # the same, int4 only
+    "int4(method=rtn,max_ratio=0)",
+    "int4(method=rtn,block_size=32,symmetric=true,search=false,act_order=false,max_ratio=0)",  # session 1 default
 ]
 
 

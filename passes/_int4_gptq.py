@@ -107,10 +107,11 @@ def quantize_gptq(
     w_kn = np.array(np.asarray(wt, dtype=np.float32).T, order="C")  # [K, N]: a column of Wt is a row here
     w_kn[dead, :] = 0.0
     n_blocks = -(-k // block_size)
+    importance = np.diag(xtx).astype(np.float32) if search else None
     if order is None:
-        q, scale, zero = _sweep_dynamic(w_kn, u, block_size, symmetric, search, lazy, threads)
+        q, scale, zero = _sweep_dynamic(w_kn, u, block_size, symmetric, search, lazy, threads, importance)
     else:
-        static = quantize_rtn(w_kn.T, block_size, symmetric, search)
+        static = quantize_rtn(w_kn.T, block_size, symmetric, search, importance)
         scale, zero = static.scale.T.copy(), static.zero.T.copy()  # [n_blocks, N]
         q_perm = _sweep(w_kn[order], u, block_size, lazy, threads,
                         lambda j: (scale[order[j] // block_size], zero[order[j] // block_size]), symmetric)
@@ -121,7 +122,7 @@ def quantize_gptq(
     return QuantizedWeight(q, scale, zero, k, block_size, symmetric)
 
 
-def _sweep_dynamic(w_kn, u, block_size, symmetric, search, lazy, threads) -> tuple:
+def _sweep_dynamic(w_kn, u, block_size, symmetric, search, lazy, threads, importance=None) -> tuple:
     """The sweep in natural order, each block's scale taken from its *updated* columns when the
     sweep reaches it. Returns (codes [K_pad, N], scale [n_blocks, N], zero [n_blocks, N])."""
     k, n = w_kn.shape
@@ -132,7 +133,9 @@ def _sweep_dynamic(w_kn, u, block_size, symmetric, search, lazy, threads) -> tup
     def params(col):
         b = col // block_size
         if col % block_size == 0:
-            scale[b], zero[b] = block_params(w_kn[col : min(col + block_size, k)].T, symmetric, search)
+            end = min(col + block_size, k)
+            weight = None if importance is None else importance[col:end]
+            scale[b], zero[b] = block_params(w_kn[col:end].T, symmetric, search, weight)
         return scale[b], zero[b]
 
     codes = _sweep(w_kn, u, block_size, lazy, threads, params, symmetric)

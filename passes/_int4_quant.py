@@ -12,9 +12,17 @@ consecutive K-elements (the last block zero-padded). Each block b of row n has a
 * asymmetric: lo = min(w, 0), hi = max(w, 0), s = (hi − lo) / 15, z = clip(rint(−lo / s), 0, 15),
   q = clip(rint(w / s) + z, 0, 15)  (0 is always exactly representable)
 * an all-zero block gets s = 1, q = z (dequantizes to exactly 0);
-* range search (``search``): the range above shrunk by r ∈ {1, 0.95, …, 0.7} (clipping the
+* range search (``search``): the range above shrunk by r ∈ {1, 0.975, …, 0.5} (clipping the
   extremes), for symmetric grids also s = w_extreme·r / −8 (16 levels), per block the candidate
-  with the least squared error wins (the plain range on ties).
+  with the least error wins (the plain range on ties). The error is Σ_k h_k·(w_k − deq_k)² with
+  h_k = H[k,k] = Σ x_k² over the calibration rows when the Hessian is known (the output error of
+  the block if its inputs were uncorrelated: a clipped weight on a quiet input costs little), else
+  plain squared error. Measured on all-MiniLM-L6-v2 (fake-quantized, float32, held-out
+  sentences): RTN block 32 worst sentence cosine 0.943 → 0.956 (squared error) → 0.965
+  (H-weighted), output error ‖XΔWᵀ‖²/‖XWᵀ‖² summed over layers 0.27 → 0.19 → 0.145.
+* 8-bit blocks (:func:`quantize_int8_blocks`, layers the ``int4`` pass promotes under its size
+  budget): symmetric, s = max|w| / 127, codes q = rint(w / s) + 128 ∈ [1, 255] (MatMulNBits
+  bits=8, default zero point 128).
 
 Encodings (both pack two 4-bit codes per byte, the element with the even index in the low
 nibble):
@@ -62,24 +70,26 @@ class QuantizedWeight:
         return self.scale.shape[1]
 
 
-SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+SHRINK = tuple(round(1.0 - 0.025 * i, 3) for i in range(21))  # 1, 0.975, …, 0.5
 
 
-def block_params(w: np.ndarray, symmetric: bool, search: bool = False) -> tuple:
+def block_params(w: np.ndarray, symmetric: bool, search: bool = False, importance=None) -> tuple:
     """Scale and zero point of each block; ``w`` is [..., bs] (the block on the last axis).
 
     ``search``: also try the block's range shrunk by each r in :data:`SHRINK` and keep, per
-    block, the r with the least squared error (r = 1 wins ties: on-grid blocks stay exact).
+    block, the r with the least error (r = 1 wins ties: on-grid blocks stay exact); the error
+    of element k is weighted by ``importance`` (broadcast against ``w``, e.g. H[k,k]) if given.
     """
     w = np.asarray(w, dtype=np.float32)
     scale, zero = _range_params(w, symmetric, 1.0)
     if not search:
         return scale, zero
-    best = _block_error(w, scale, zero, symmetric)
+    weight = None if importance is None else np.asarray(importance, dtype=np.float32)
+    best = _block_error(w, scale, zero, symmetric, weight)
     candidates = [(r, False) for r in SHRINK[1:]] + ([(r, True) for r in SHRINK] if symmetric else [])
     for r, signed in candidates:
         s, z = _range_params(w, symmetric, r, signed)
-        err = _block_error(w, s, z, symmetric)
+        err = _block_error(w, s, z, symmetric, weight)
         better = err < best
         scale, zero, best = np.where(better, s, scale), np.where(better, z, zero), np.minimum(err, best)
     return scale.astype(np.float32), zero.astype(np.uint8)
@@ -104,9 +114,10 @@ def _range_params(w: np.ndarray, symmetric: bool, r: float, signed: bool = False
     return scale, zero
 
 
-def _block_error(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, symmetric: bool) -> np.ndarray:
+def _block_error(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, symmetric: bool, weight=None) -> np.ndarray:
     q = quantize_values(w, scale[..., None], zero[..., None], symmetric)
-    return np.square(dequantize_values(q, scale[..., None], zero[..., None]) - w).sum(axis=-1)
+    err = np.square(dequantize_values(q, scale[..., None], zero[..., None]) - w)
+    return (err if weight is None else err * weight).sum(axis=-1)
 
 
 def quantize_values(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, symmetric: bool) -> np.ndarray:
@@ -127,11 +138,14 @@ def pad_k(wt: np.ndarray, block_size: int) -> np.ndarray:
     return np.pad(wt, ((0, 0), (0, n_blocks * block_size - k)))
 
 
-def quantize_rtn(wt: np.ndarray, block_size: int, symmetric: bool, search: bool = False) -> QuantizedWeight:
-    """Round-to-nearest of ``wt`` [N, K] (``search``: per-block range search, see :func:`block_params`)."""
+def quantize_rtn(wt: np.ndarray, block_size: int, symmetric: bool, search: bool = False,
+                 importance=None) -> QuantizedWeight:
+    """Round-to-nearest of ``wt`` [N, K] (``search``: per-block range search, see :func:`block_params`;
+    ``importance`` [K]: per input channel error weights, e.g. diag H)."""
     n, k = wt.shape
     blocks = pad_k(np.asarray(wt, dtype=np.float32), block_size).reshape(n, -1, block_size)
-    scale, zero = block_params(blocks, symmetric, search)
+    weight = None if importance is None else pad_k(np.asarray(importance, np.float32)[None], block_size).reshape(1, -1, block_size)
+    scale, zero = block_params(blocks, symmetric, search, weight)
     q = quantize_values(blocks, scale[..., None], zero[..., None], symmetric)
     q = _pad_codes(q.reshape(n, -1), zero, k, block_size)
     return QuantizedWeight(q, scale, zero, k, block_size, symmetric)
@@ -202,6 +216,25 @@ def qdq_arrays(qw: QuantizedWeight, dtype) -> tuple:
     return np.ascontiguousarray(codes), np.ascontiguousarray(qw.scale.T.astype(dtype)), (
         None if qw.symmetric else np.ascontiguousarray(qw.zero.T)
     )
+
+
+INT8_ZERO = 128
+
+
+def quantize_int8_blocks(wt: np.ndarray, block_size: int) -> tuple:
+    """Symmetric 8-bit blocks of ``wt`` [N, K]: (codes uint8 [N, n_blocks, bs] with zero point 128,
+    padding 128; scales float32 [N, n_blocks])."""
+    n = wt.shape[0]
+    blocks = pad_k(np.asarray(wt, dtype=np.float32), block_size).reshape(n, -1, block_size)
+    scale = np.abs(blocks).max(axis=-1) / np.float32(127)
+    scale = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
+    codes = (np.clip(np.rint(blocks / scale[..., None]), -127, 127) + INT8_ZERO).astype(np.uint8)
+    return codes, scale
+
+
+def dequantize_int8_blocks(codes: np.ndarray, scale: np.ndarray, k: int) -> np.ndarray:
+    n = codes.shape[0]
+    return ((codes.astype(np.float32) - INT8_ZERO) * scale[..., None]).reshape(n, -1)[:, :k]
 
 
 def quantize_int8_columns(w: np.ndarray) -> tuple:

@@ -80,7 +80,7 @@ from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from . import _int4_awq, _int4_gptq, _int4_quant
+from . import _int4_awq, _int4_gptq, _int4_mixed, _int4_quant
 from ._graph import const_value, is_onnx_op, new_constant
 
 MIN_K = 16
@@ -135,19 +135,21 @@ class Int4Pass(Pass):
     options = {
         "format": Option(str, "auto", "auto (= nbits), nbits (com.microsoft MatMulNBits), qdq (opset 21)",
                          ("auto", "nbits", "qdq")),
-        "block_size": Option(int, 32, "elements per block along the reduction axis", (16, 32, 64, 128)),
-        "symmetric": Option(bool, True, "symmetric grid (no zero point); false: asymmetric with zero points"),
-        "method": Option(str, "rtn", "rounding: rtn (round to nearest) or gptq", ("rtn", "gptq")),
-        "search": Option(bool, False, "per-block range search: shrink the range (or use 16 signed levels) when "
-                                      "that lowers the block's squared error"),
-        "damp": Option(float, 0.01, "gptq dampening, as a fraction of mean(diag H)"),
+        "block_size": Option(int, 64, "elements per block along the reduction axis", (16, 32, 64, 128)),
+        "symmetric": Option(bool, False, "symmetric grid (no zero point); false: asymmetric with zero points"),
+        "method": Option(str, "gptq", "rounding: rtn (round to nearest) or gptq", ("rtn", "gptq")),
+        "search": Option(bool, True, "per-block range search: shrink the range (or use 16 signed levels) when "
+                                     "that lowers the block's error, weighted by diag H of the calibration inputs"),
+        "damp": Option(float, 0.1, "gptq dampening, as a fraction of mean(diag H)"),
+        "max_ratio": Option(float, 0.16, "mixed precision: the layers whose int4 hurts the outputs most (measured) "
+                                         "become 8-bit while all MatMul weights stay ≤ max_ratio × float (0: off)"),
         "awq": Option(bool, False, "activation-aware scaling: per input channel scales s (searched on the "
                                    "calibration Hessian), weights ×s quantized, input ×1/s by a Mul"),
         "samples": Option(int, 32, "gptq/awq: calibration samples for the Hessians"),
-        "act_order": Option(bool, False, "gptq: columns by descending Hessian diagonal (static block scales)"),
+        "act_order": Option(bool, True, "gptq: columns by descending Hessian diagonal (static block scales)"),
         "threads": Option(int, 1, "gptq: BLAS threads (0: the library's default; 1 was fastest on a loaded "
                                   "shared machine)"),
-        "sequential": Option(bool, True, "gptq: Hessians from the model quantized so far, layer by layer"),
+        "sequential": Option(bool, False, "gptq: Hessians from the model quantized so far, layer by layer"),
         "skip_last": Option(bool, False, "keep head layers (no other MatMul/Gemm downstream) out of int4"),
         "keep": Option(str, "", "regex: MatMul/Gemm whose node name matches stay out of int4"),
         "head": Option(str, "float", "layers kept out (skip_last/keep) stay float or become per-column int8",
@@ -187,25 +189,34 @@ class Int4Pass(Pass):
         gptq = opts["method"] == "gptq"
         before = after = rounds = 0
         cache: dict = {}
+        first: dict = {}  # int4 results computed for the mixed-precision choice, reused below
+        if opts["max_ratio"] > 0 and remaining:
+            remaining, first, spent = _mixed(model, remaining, opts, ctx, fmt, result)
+            before, after = before + spent[0], after + spent[1]
+            if gptq and opts["sequential"] or opts["awq"]:
+                first = {}  # their Hessians come from the model as quantized so far / scaled inputs
         progress = iter(ctx.progress(range(len(remaining)), desc="int4", total=len(remaining)))
         while remaining:
             # GPTQ: layers whose input no unquantized layer feeds, with Hessians measured on the
             # model as quantized so far (sequential GPTQ); RTN: everything in one round.
             ready = [t for t in remaining if not _fed_by(t, remaining)] if gptq and opts["sequential"] else remaining
-            hessians = _hessians(model, ready, ctx) if gptq or opts["awq"] else {}
+            todo = [t for t in ready if t.key not in first]
+            hessians = _hessians(model, todo, ctx) if todo and (gptq or opts["awq"] or opts["search"]) else {}
             if opts["awq"]:
                 hessians = _apply_awq(model, [t for t in ready if t.key not in cache], hessians, opts, result)
             factors: dict = {}  # per input tensor: layers reading one input share H and its factor
             rounds += 1
             for target in ready:
                 if target.key not in cache:
-                    qw = _quantize(target, opts, hessians.get(target.node.inputs[0].name), factors, result)
+                    qw = first.get(target.key) or _quantize(target, opts, hessians.get(target.node.inputs[0].name),
+                                                            factors, result)
                     cache[target.key] = _encode(model, qw, target.dtype, fmt)
                     before += int(np.prod(target.shape)) * target.dtype.itemsize
                     after += cache[target.key][2]
                 op = target.node.op
                 if fmt == "nbits":
-                    _rewrite_nbits(model, target, cache[target.key], opts)
+                    qw = cache[target.key][0]
+                    _rewrite_nbits(model, target, cache[target.key][1], (qw.k, qw.n, 4, qw.block_size), opts)
                 else:
                     _rewrite_qdq(model, target, cache[target.key], opts["block_size"])
                 result.rewrite(f"{op}→int4 {fmt}")
@@ -407,7 +418,8 @@ def _quantize(target: Target, opts: dict, xtx, factors: dict, result: PassResult
                                             search=opts["search"], factor=factors[name],
                                             threads=opts["threads"])
         result.skip("gptq: Hessian not usable (non-finite / not positive definite), RTN used")
-    return _int4_quant.quantize_rtn(target.load(), opts["block_size"], opts["symmetric"], opts["search"])
+    importance = np.diag(xtx).astype(np.float32) if opts["search"] and xtx is not None else None
+    return _int4_quant.quantize_rtn(target.load(), opts["block_size"], opts["symmetric"], opts["search"], importance)
 
 
 def _encode(model: Model, qw, dtype, fmt: str) -> tuple:
@@ -433,15 +445,16 @@ def _encode(model: Model, qw, dtype, fmt: str) -> tuple:
 
 # --- rewriting -----------------------------------------------------------------------------
 
-def _rewrite_nbits(model: Model, target: Target, encoded: tuple, opts: dict) -> None:
-    qw, (b, scales, zeros), _ = encoded
+def _rewrite_nbits(model: Model, target: Target, consts: list, shape: tuple, opts: dict) -> None:
+    """``shape`` = (K, N, bits, block_size); ``consts`` = [B, scales, zero points or None]."""
+    b, scales, zeros = consts
     node = target.node
     inputs = [node.inputs[0], b, scales]
     if zeros is not None or target.bias is not None:
         inputs.append(zeros if zeros is not None else gs.Variable.empty())
     if target.bias is not None:
         inputs += [gs.Variable.empty(), new_constant(model, "int4/bias", target.bias.astype(target.dtype))]
-    attrs = {"K": qw.k, "N": qw.n, "bits": 4, "block_size": qw.block_size}
+    attrs = dict(zip(("K", "N", "bits", "block_size"), shape))
     if opts["accuracy_level"] and target.dtype == np.float32:  # with float16 A, level 4 measured far off on CPU
         attrs["accuracy_level"] = opts["accuracy_level"]
     outputs = list(node.outputs)
@@ -449,6 +462,69 @@ def _rewrite_nbits(model: Model, target: Target, encoded: tuple, opts: dict) -> 
     node.inputs.clear()
     model.graph.nodes.append(gs.Node("MatMulNBits", model.fresh_name("int4/MatMulNBits"), attrs, inputs,
                                      outputs, domain="com.microsoft"))
+
+
+def _mixed(model: Model, targets: list, opts: dict, ctx, fmt: str, result: PassResult) -> tuple:
+    """Quantize every target to int4, measure each one's output loss alone, promote the worst to
+    8 bits within ``max_ratio`` (:mod:`._int4_mixed`). Returns (targets left for int4, their int4
+    results by key, (float bytes, bytes) of the promoted layers)."""
+    gptq = opts["method"] == "gptq"
+    hessians = _hessians(model, targets, ctx) if gptq or opts["search"] else {}
+    first, factors, by_weight = {}, {}, {}
+    for t in targets:
+        if t.key not in first:
+            first[t.key] = _quantize(t, opts, hessians.get(t.node.inputs[0].name), factors, result)
+        by_weight.setdefault(t.weight.name, set()).add(t.key)
+    del hessians, factors
+    float_total = int4_total = 0
+    costs, candidates, seen = {}, {}, set()
+    for t in targets:
+        if t.key in seen:
+            continue
+        seen.add(t.key)
+        item = t.dtype.itemsize
+        float_total += int(np.prod(t.shape)) * item
+        int4 = _int4_mixed.int4_bytes(t.shape, opts["block_size"], opts["symmetric"], item)
+        int4_total += int4
+        if len(by_weight[t.weight.name]) == 1 and (fmt == "nbits" or model.opset >= 13):
+            int8 = (_int4_mixed.int8_bytes(t.shape, item) if fmt == "nbits"
+                    else int(np.prod(t.shape)) + t.shape[0] * item)
+            costs[t.weight.name] = (int4, int8)
+            candidates[t.weight.name] = _stored_layout(t, _int4_quant.dequantize(first[t.key]))
+    budget = int(opts["max_ratio"] * float_total) - int4_total
+    if budget <= 0 or not candidates:
+        result.notes.append(f"mixed precision: no 8-bit layer fits max_ratio={opts['max_ratio']}")
+        return targets, first, (0, 0)
+    losses = _int4_mixed.sensitivities(model.to_proto(), candidates, ctx.feed.take(min(opts["samples"], 16)))
+    chosen = _int4_mixed.select(costs, losses, budget)
+    spent = [0, 0]
+    for t in targets:
+        if t.weight.name not in chosen:
+            continue
+        if fmt == "nbits":
+            wt = t.load()
+            bs = _int4_mixed.int8_block(wt.shape[1])
+            codes, scale = _int4_quant.quantize_int8_blocks(wt, bs)
+            consts = [new_constant(model, "int4/B8", codes), new_constant(model, "int4/scales8", scale.astype(t.dtype)),
+                      None]
+            _rewrite_nbits(model, t, consts, (wt.shape[1], wt.shape[0], 8, bs), opts)
+        else:
+            _rewrite_int8(model, t)
+        spent[0] += int(np.prod(t.shape)) * t.dtype.itemsize
+        spent[1] += costs[t.weight.name][1]
+        result.rewrite("MatMul/Gemm→8-bit (mixed precision)")
+    result.metrics["int8_layers"] = sorted(t.node.name for t in targets if t.weight.name in chosen)
+    return [t for t in targets if t.weight.name not in chosen], first, tuple(spent)
+
+
+def _stored_layout(target: Target, wt: np.ndarray) -> np.ndarray:
+    """``Wt`` [N, K] back in the layout of the weight constant (MatMul W, Gemm B with α divided out)."""
+    if target.transform[0] == "MatMul":
+        w = wt.T
+    else:
+        _, trans_b, alpha = target.transform
+        w = (wt if trans_b else wt.T) / np.float32(alpha)
+    return np.ascontiguousarray(w, dtype=target.dtype)
 
 
 def _rewrite_qdq(model: Model, target: Target, encoded: tuple, block_size: int) -> None:

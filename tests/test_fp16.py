@@ -206,3 +206,16 @@ def test_ppocr_cls_fp16():
     assert out.ByteSize() <= 0.53 * model.ByteSize()
     for drift in entry.verification["outputs"].values():
         assert drift["cosine"] >= 0.999 and not drift["nonfinite_mismatch"]
+
+
+def test_equal_converted_constants_are_shared():
+    three = np.array(3.0, np.float32)
+    body = "a = Add(x, T1)\nb = Mul(a, T2)\nc = Add(b, T3)\ny = Mul(c, H)"
+    model = build(body, "float[2, 8] x", {"T1": three, "T2": three, "T3": np.array(3.0001, np.float32),
+                                          "H": np.array(0.5, np.float32)})
+    out, _ = fp16(model)
+    halves = [t for t in out.graph.initializer if t.data_type == F16]
+    # 3.0 and 3.0001 round to the same float16: one scalar for the three, one for 0.5
+    assert len(halves) == 2 and ops(out)["Cast"] == 2
+    x = feeds(model)
+    np.testing.assert_allclose(run_ort(out, x)[0], run_ort(model, x)[0], rtol=2e-3, atol=2e-3)

@@ -219,7 +219,8 @@ def test_awq_in_the_pass_is_a_mul_by_one_over_s_and_beats_plain(method):
     fresh, ref = held_out(model, seed=9)
     err = {}
     for awq in ("false", "true"):
-        out, report = int4(model, f"awq={awq},method={method},accuracy_level=0", samples=16)
+        out, report = int4(model, f"awq={awq},method={method},search=false,block_size=32,symmetric=true,"
+                                  "accuracy_level=0", samples=16)
         err[awq] = sum(float(np.square(r - run_ort(out, f)[0]).sum()) for r, f in zip(ref, fresh))
     assert report.rewrites["awq input scaling (Mul)"] == 1 and report.metrics["awq_alpha"][0] > 0
     inv = next(v for name, v in inits(out).items() if "awq_inv_scale" in name)
@@ -260,7 +261,7 @@ MATMUL = "y = MatMul(x, W)"
 @pytest.mark.parametrize("symmetric", ["true", "false"])
 def test_matmul_computes_a_times_dequantized_weight(fmt, symmetric):
     model = build(MATMUL, "float[2, 3, 96] x", {"W": RNG.standard_normal((96, 40)).astype(np.float32)})
-    out, report = int4(model, f"format={fmt},symmetric={symmetric},accuracy_level=0")
+    out, report = int4(model, f"format={fmt},symmetric={symmetric},block_size=32,accuracy_level=0")
     ops = [n.op_type for n in out.graph.node]
     assert ("MatMulNBits" in ops) == (fmt == "nbits") and ("DequantizeLinear" in ops) == (fmt == "qdq")
     (w_deq,) = dequantized_weights(out)
@@ -274,7 +275,7 @@ def test_matmul_computes_a_times_dequantized_weight(fmt, symmetric):
 def test_on_grid_weight_gives_the_float_outputs(fmt):
     wt = on_grid(24, 64, 32, True)
     model = build(MATMUL, "float[4, 64] x", {"W": np.ascontiguousarray(wt.T)})
-    out, _ = int4(model, f"format={fmt},accuracy_level=0")
+    out, _ = int4(model, f"format={fmt},block_size=32,symmetric=true,accuracy_level=0")
     x = feeds(model)
     np.testing.assert_allclose(run_ort(out, x)[0], run_ort(model, x)[0], rtol=1e-5, atol=1e-5)
 
@@ -400,9 +401,65 @@ def test_mtcnn_onet_int4():
 
     model = load_proto(fetch("mtcnn_onet"))
     out, report = int4(model, "method=gptq", samples=8)
-    assert report.rewrites == {"MatMul→int4 nbits": 4}
+    assert sum(report.rewrites.values()) == 4 and report.rewrites["MatMul→int4 nbits"] >= 1
     assert report.metrics["weight_ratio"] <= 0.16
     fresh = CalibrationFeed(input_specs(model), None, seed=5).take(2)
     for f in fresh:
         for a, b in zip(run_ort(model, f), run_ort(out, f)):
             assert cosine(a, b) > 0.99
+
+
+# --- H-weighted range search, 8-bit blocks, mixed precision ----------------------------------
+
+def test_importance_weighted_search_lowers_the_output_error():
+    k, n = 128, 32
+    loud = np.where(np.arange(k) % 8 == 0, 30.0, 1.0).astype(np.float32)  # a few loud input channels
+    x = RNG.standard_normal((512, k)).astype(np.float32) * loud
+    wt = RNG.standard_normal((n, k)).astype(np.float32)
+    h = (x.T @ x).astype(np.float32)
+    err = {}
+    for name, importance in (("mse", None), ("diag", np.diag(h))):
+        err[name] = aw.output_error(wt, iq.dequantize(iq.quantize_rtn(wt, 32, True, True, importance)), h)
+    plain = aw.output_error(wt, iq.dequantize(iq.quantize_rtn(wt, 32, True)), h)
+    assert err["diag"] < 0.9 * err["mse"] and err["diag"] < plain
+
+
+def test_int8_blocks_round_trip_and_matmulnbits_bits8_is_exact():
+    from onnxslim_kit.model import Model
+
+    wt = RNG.standard_normal((24, 200)).astype(np.float32)
+    codes, scale = iq.quantize_int8_blocks(wt, 128)
+    deq = iq.dequantize_int8_blocks(codes, scale, 200)
+    assert codes.shape == (24, 2, 128) and np.abs(deq - wt).max() <= scale.max() / 2 + 1e-6
+    again, _ = iq.quantize_int8_blocks(deq, 128)
+    np.testing.assert_array_equal(again, codes)  # on-grid values survive
+    model = build(MATMUL, "float[3, 200] x", {"W": np.ascontiguousarray(wt.T)})
+    m = Model.from_proto(model)
+    target = int4_pass._match(next(nd for nd in m.graph.nodes if nd.op == "MatMul"))
+    consts = [gs.Constant("B8", codes), gs.Constant("S8", scale), None]
+    int4_pass._rewrite_nbits(m, target, consts, (200, 24, 8, 128), {"accuracy_level": 0})
+    m.commit()
+    x = feeds(model)
+    np.testing.assert_allclose(run_ort(m.to_proto(), x)[0], x["x"] @ deq.T, rtol=1e-4, atol=1e-4)
+
+
+def test_mixed_precision_promotes_the_sensitive_layer_within_the_budget():
+    k = 256
+    loud = np.where(np.arange(k) < 8, 40.0, 1.0).astype(np.float32)
+    model = build("a = MatMul(x, W1)\nb = Mul(a, G)\ny = MatMul(b, W2)", f"float[8, {k}] x",
+                  {"W1": RNG.standard_normal((k, k)).astype(np.float32),
+                   "G": loud, "W2": RNG.standard_normal((k, k)).astype(np.float32)})
+    fresh, ref = held_out(model, seed=3)
+    worst = {}
+    for ratio in ("0", "0.21"):
+        out, report = int4(model, f"method=rtn,max_ratio={ratio},accuracy_level=0", samples=8)
+        worst[ratio] = min(cosine(r, run_ort(out, f)[0]) for r, f in zip(ref, fresh))
+        bits = sorted(onnx.helper.get_attribute_value(a) for nd in out.graph.node if nd.op_type == "MatMulNBits"
+                      for a in nd.attribute if a.name == "bits")
+        if ratio == "0":
+            assert bits == [4, 4] and "int8_layers" not in report.metrics
+        else:
+            # one 256×256 layer at 8 bits (0.258×) and one at int4 (0.143×): 0.201× ≤ 0.21; both would not fit
+            assert bits == [4, 8] and len(report.metrics["int8_layers"]) == 1
+            assert report.metrics["weight_ratio"] <= 0.21
+    assert worst["0.21"] > worst["0"]
