@@ -160,7 +160,7 @@ def fmt(value, digits: int = 4) -> str:
 
 def render(results: list, args, command: str, date: datetime, commit: str) -> str:
     lines = [f"# cluster: size, fidelity, latency and session time, {date.isoformat(timespec='minutes')}", "",
-             f"Command: `{command}`  ", f"Commit: `{commit}` (plus the working tree of the cluster files, see the report)  ",
+             f"Command: `{command}`  ", f"Commit: `{commit}`  ",
              (f"{args.calib} calibration / {args.eval} evaluation samples (inputs.py); ORT opt all, 1 thread; "
               f"latency: 2 blocks × {args.runs} interleaved rounds (fused first, then clustered first), "
               f"median of round-by-round ratios clustered / fused [P10, P90]; {args.sessions} alternating "
@@ -201,6 +201,10 @@ def main(argv: list | None = None) -> int:
     command = f"python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:] if argv is None else argv)}"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "passes/cluster.py", "passes/_cluster_*",
+                            "benchmarks/measure_cluster_latency.py"], capture_output=True, text=True,
+                           cwd=HERE.parent).stdout.split()
+    commit += f" (cluster files modified: {' '.join(dirty[1::2])})" if dirty else " (cluster files committed)"
     date = datetime.now(timezone.utc)
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / f"cluster-{date.date().isoformat()}-s2{args.suffix}.md"
