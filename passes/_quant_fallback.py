@@ -51,6 +51,8 @@ for ``top1`` the agreement cannot reach the target even if all remaining rows ag
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -58,11 +60,37 @@ import onnxruntime as ort
 
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare
-from onnxslim_kit.runtime import make_session, run, session_options
+from onnxslim_kit.runtime import make_session, session_options
+from onnxslim_kit.runtime import run as run_once
 
 METRICS = ("cos", "top1")
 BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run as one batch
 BATCH_COUPLED = {"DynamicQuantizeLinear"}  # ops whose result for one sample depends on the others
+
+
+try:
+    _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim  # glibc
+except (OSError, AttributeError):  # other C libraries: nothing to give back
+    _MALLOC_TRIM = None
+
+
+def give_back() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; a no-op elsewhere).
+
+    The search's sessions run with ORT's arena off, so each run's intermediates go back to
+    malloc — which keeps them: blocks freed under the top of the heap stay resident, and
+    the resident size of the search crept up run after run (MiniLM gated ranking: +66 MB
+    over 47 runs, none of it in use)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def run(session, sample: dict) -> dict:
+    """:func:`onnxslim_kit.runtime.run`, then the run's freed intermediates given back."""
+    try:
+        return run_once(session, sample)
+    finally:
+        give_back()
 
 
 def parse_target(text: str):
@@ -143,6 +171,8 @@ class SharedWeights:
             init.external_data.add(key="location", value="in-memory")
             used.append(init.name)
         so = session_options("disable", 1)
+        so.enable_cpu_mem_arena = False  # the arena keeps each run's peak for the session's life (MiniLM gated
+        # ranking: +160 MB held over 47 runs); without it intermediates go back as they are freed
         if used:
             so.add_external_initializers(used, [self.pending[n][1] for n in used])
         session = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -233,7 +263,11 @@ class Scorer:
         # DynamicQuantizeLinear takes its range over the whole tensor: a batch would change it
         batch = not any(node.op_type in BATCH_COUPLED for node in proto.graph.node)
         session = self.shared.session(proto) if self.shared is not None else make_session(proto, threads=1)
-        return self.score_session(session, stop_below, batch=batch)
+        try:
+            return self.score_session(session, stop_below, batch=batch)
+        finally:
+            del session  # the trial's weights (ORT's copy) go before the next build
+            give_back()
 
     def score_session(self, session, stop_below: float | None = None, extra: dict | None = None,
                       batch: bool = True) -> float:

@@ -61,8 +61,27 @@ def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None) -> np.n
     shape = [1] * w.ndim
     if axis is not None:
         shape[axis] = -1
-    q = np.round(w.astype(np.float64) / scales.reshape(shape).astype(np.float64))
-    return np.clip(q, -127, 127).astype(np.int8)
+    scales = scales.reshape(shape).astype(np.float64)
+    return by_rows(w, np.int8, lambda part, rows: np.clip(
+        np.round(part.astype(np.float64) / (scales[rows] if scales.ndim and scales.shape[0] > 1 else scales)),
+        -127, 127))
+
+
+ROWS_BYTES = 8 << 20  # float64 temporaries of a weight's encoding, at most, per block of rows
+
+
+def by_rows(w: np.ndarray, dtype, fn) -> np.ndarray:
+    """``fn(w[rows], rows).astype(dtype)`` computed a block of leading-axis rows at a time
+    (element-wise ``fn``: the same array as at once). MiniLM's 47 MB embedding table in
+    float64 at once made each encoding's temporaries 3 × 94 MB."""
+    if w.ndim == 0:
+        return np.asarray(fn(w, slice(None))).astype(dtype)
+    out = np.empty(w.shape, dtype)
+    step = max(1, ROWS_BYTES // max(1, 8 * (w.size // max(1, w.shape[0]))))
+    for start in range(0, w.shape[0], step):
+        rows = slice(start, start + step)
+        out[rows] = fn(w[rows], rows)
+    return out
 
 
 def fit_bias(bias: np.ndarray, x_scale: float, w_scales: np.ndarray) -> np.ndarray:
@@ -90,6 +109,38 @@ def dequantize_constant(model, graph: gs.Graph, values_q: np.ndarray, scale: np.
     graph.nodes.append(gs.Node("DequantizeLinear", name=model.fresh_name("int8/DequantizeLinear"),
                                inputs=[q, s, z], outputs=[out], attrs=attrs))
     return out
+
+
+def gather_then_dequantize(graph: gs.Graph) -> int:
+    """For the sessions of the search only: ``Gather(DQ(T_q), i)`` → ``DQ(Gather(T_q, i))`` where
+    a table's per-tensor DequantizeLinear has one reader, a Gather of this graph; returns the count.
+
+    The same numbers (a per-tensor DQ is ``(q − z)·s`` element by element, Gather only picks
+    elements), but a run dequantizes the rows it gathers instead of the whole table (MiniLM:
+    47 MB of float table made and dropped on every scoring run). The two nodes are rewired,
+    no name is taken (trial names are reserved in the original: the output stays the same).
+    The written model keeps the table's DQ (what ORT fuses).
+    """
+    count, here = 0, {id(n) for n in graph.nodes}
+    for dq in [n for n in graph.nodes if n.op == "DequantizeLinear"]:
+        table, scale, middle = dq.inputs[0], dq.inputs[1], dq.outputs[0]
+        readers = consumers(middle)
+        if (not isinstance(table, gs.Constant) or not isinstance(scale, gs.Constant) or np.ndim(scale.values) != 0
+                or len(readers) != 1 or readers[0].op != "Gather" or id(readers[0]) not in here
+                or readers[0].inputs[0] is not middle or len(middle.outputs) != 1
+                or any(o is middle for o in graph.outputs)):
+            continue
+        gather = readers[0]
+        out = gather.outputs[0]
+        dq.outputs[0] = out  # DQ now makes the Gather's output ...
+        gather.outputs[0] = middle  # ... from the gathered integer rows
+        gather.inputs[0] = table
+        dq.inputs[0] = middle
+        middle.dtype, middle.shape = table.values.dtype, None
+        graph.nodes.remove(dq)
+        graph.nodes.append(dq)  # after its producer
+        count += 1
+    return count
 
 
 def insert_qdq(model, graph: gs.Graph, tensor: gs.Variable, scale, zero, readers=None) -> list:
@@ -177,6 +228,7 @@ def add_quantized_twins(model, plan) -> list:
         if spec.weight_index is not None:
             _quantize_weights(model, graph, twin, spec, plan)
         pairs.append((spec.name, node.outputs[0].name, out.name))
+    gather_then_dequantize(graph)
     return pairs
 
 
@@ -344,8 +396,9 @@ def _encode_weights(node: gs.Node, spec, plan) -> tuple:
     if not spec.inputs:  # a Gather table: encoded like the Q after the Gather (see _quant_plan)
         scale, zero = plan.params[spec.output]
         info = np.iinfo(np.asarray(zero).dtype)
-        q = np.clip(np.round(w.astype(np.float64) / float(scale)) + int(zero), info.min, info.max)
-        return q.astype(np.asarray(zero).dtype), scale, None, zero, None
+        q = by_rows(w, np.asarray(zero).dtype, lambda part, _: np.clip(
+            np.round(part.astype(np.float64) / float(scale)) + int(zero), info.min, info.max))
+        return q, scale, None, zero, None
     x_scale = float(plan.params[spec.inputs[0]][0])
     has_bias = spec.bias_index is not None and spec.bias_index < len(node.inputs)
     shift = plan.bias_shift.get(spec.name)

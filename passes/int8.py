@@ -61,20 +61,20 @@ from onnxslim_kit.activations import with_outputs
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
-from onnxslim_kit.runtime import run
 
 from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
 from . import _quant_smooth as smooth_mod
 from ._quant_cle import equalize
 from ._quant_correct import measure_twins
-from ._quant_fallback import Scorer, SharedWeights, choose_fallback, parse_target
+from ._quant_fallback import Scorer, SharedWeights, choose_fallback, give_back, parse_target, run
 from ._quant_io import make_integer_io
 from ._quant_qdq import (
     RUNGS,
     activation_params,
     add_gated_twins,
     apply_plan,
+    gather_then_dequantize,
     is_quantized,
     rungs_of,
     upgrade_opset,
@@ -110,6 +110,8 @@ def activations(model, names: list, samples):
     wanted = set(names)
     for sample in samples:
         yield {k: v for k, v in run(session, sample).items() if k in wanted}
+    del session
+    give_back()
 
 
 def trial_copy(model) -> Model:
@@ -214,6 +216,7 @@ class Int8Pass(Pass):
                 stats = self._calibrate(model, layers, ctx)[0]
             else:
                 stats.update(smooth_mod.smoothed_stats(model.graph, kept))
+        del kept  # the kept activations (up to KEEP_BYTES) are not needed past here: not held through the search
         plan = self._plan(model, layers, stats, opts, per_channel, result)
         result.metrics["seconds_calibration"] = round(time.perf_counter() - start, 2)
         start = time.perf_counter()
@@ -376,6 +379,7 @@ class Int8Pass(Pass):
             trial = trial_copy(model)
             apply_plan(trial, plan, {n for n, c in assign.items() if c == "int8"},
                        fallback={n: c for n, c in assign.items() if c in RUNGS})
+            gather_then_dequantize(trial.graph)  # same scores, no whole float table per run
             shared.strip(trial.graph)
             return trial.to_proto()  # ORT sorts the nodes itself; no commit needed
 
