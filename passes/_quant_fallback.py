@@ -52,6 +52,8 @@ for ``top1`` the agreement cannot reach the target even if all remaining rows ag
 from __future__ import annotations
 
 import ctypes
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -60,12 +62,14 @@ import onnxruntime as ort
 
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare
-from onnxslim_kit.runtime import make_session, session_options
+from onnxslim_kit.runtime import EXTERNAL_FOLDER, make_session, session_options
+from onnxslim_kit.streaming import set_location
 from onnxslim_kit.runtime import run as run_once
 
 METRICS = ("cos", "top1")
 BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run as one batch
-BATCH_COUPLED = {"DynamicQuantizeLinear"}  # ops whose result for one sample depends on the others
+BATCH_COUPLED = {"DynamicQuantizeLinear"}
+STAND_IN = "stand-in.bin"  # SharedWeights: the sparse file external stubs name  # ops whose result for one sample depends on the others
 
 
 try:
@@ -127,16 +131,26 @@ class SharedWeights:
 
     :meth:`strip` gives a trial graph's large constants (float weights, their int8
     encodings) empty placeholder arrays *before* export, so the weights are not copied into
-    the proto (MiniLM: half of the search time was that copy); :meth:`session` turns the
-    placeholders into in-memory external data and hands the arrays to the session through
-    ``add_external_initializers`` (no copy, no parsing). The float weights of ``graph`` get
-    their ``OrtValue`` once; other arrays (encodings made for a trial) one per trial.
+    the proto (MiniLM: half of the search time was that copy); :meth:`session` makes the
+    placeholders external-data stubs and hands ORT the arrays themselves
+    (``SessionOptions.add_initializer``: ORT runs on the caller's buffer). The float
+    weights of ``graph`` get their ``OrtValue`` once; other arrays (encodings made for a
+    trial) one per trial.
+
+    Measured on ORT 1.32 (100 MB MatMul weight, RSS per session): ``add_external_initializers``
+    copies the array (+100 MB); ``add_initializer`` does not. MatMul's pre-packing still makes
+    a packed copy of a constant float weight (``session.disable_prepacking`` would save it,
+    but MLAS then rounds differently: other scores, another search result — left on). The
+    stubs name a sparse file of zeros (ORT checks that an external tensor's file exists and
+    is long enough; the initializer given replaces it unread).
     """
 
     def __init__(self, graph, min_size: int = 4096):
         self.min_size = min_size
         self.cached = {}   # id(array) -> (array, OrtValue) for the model's own weights
         self.pending = {}  # placeholders of the last strip(): name -> (array, OrtValue)
+        self.folder = None  # TemporaryDirectory holding the sparse stand-in file
+        self.folder_size = 0
         for tensor in graph.tensors().values():
             values = getattr(tensor, "values", None)
             if isinstance(values, np.ndarray) and values.size >= min_size:
@@ -157,6 +171,16 @@ class SharedWeights:
                 self.pending[tensor.name] = self.cached.get(id(values)) or self._entry(values)
                 tensor.values = np.empty(0, values.dtype)
 
+    def _stand_in(self, nbytes: int) -> str:
+        """The folder of a sparse file of at least ``nbytes`` (no disk blocks, no memory)."""
+        if self.folder is None:
+            self.folder = tempfile.TemporaryDirectory(prefix="slim-int8-", ignore_cleanup_errors=True)
+        if nbytes > self.folder_size:
+            with open(Path(self.folder.name) / STAND_IN, "wb") as fh:
+                fh.truncate(nbytes)
+            self.folder_size = nbytes
+        return self.folder.name
+
     def session(self, proto):
         used = []
         for init in proto.graph.initializer:
@@ -165,19 +189,19 @@ class SharedWeights:
                 continue
             del init.dims[:]
             init.dims.extend(entry[0].shape)
-            init.ClearField("raw_data")
-            init.data_location = onnx.TensorProto.EXTERNAL
-            del init.external_data[:]
-            init.external_data.add(key="location", value="in-memory")
+            set_location(init, STAND_IN, 0, entry[0].nbytes)
             used.append(init.name)
         so = session_options("disable", 1)
         so.enable_cpu_mem_arena = False  # the arena keeps each run's peak for the session's life (MiniLM gated
         # ranking: +160 MB held over 47 runs); without it intermediates go back as they are freed
         if used:
-            so.add_external_initializers(used, [self.pending[n][1] for n in used])
+            so.add_session_config_entry(EXTERNAL_FOLDER, self._stand_in(max(self.pending[n][0].nbytes for n in used)))
+            for name in used:
+                so.add_initializer(name, self.pending[name][1])
         session = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
         session.slim_arrays = self.pending  # ORT reads these buffers in place: alive as long as the session
         self.pending = {}
+        give_back()
         return session
 
 
