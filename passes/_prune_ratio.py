@@ -25,7 +25,8 @@ few channels it is cut the full amount.
 
 With ``alloc=sensitivity`` (the default; applies to ``scope=global`` without ``max_loss``, which
 ask for a given share per group) the selection above only sets the budget: the cost (MACs, or
-measured latency with ``cost=latency``) of the units it picked. :mod:`._prune_sensitivity`
+measured latency with ``cost=latency``) of the units it picked, ranked by importance alone (a
+cost-weighted ranking picks the expensive units, which would make the budget far larger). :mod:`._prune_sensitivity`
 then measures, group by group, the output loss of cutting more or fewer of its lowest units
 and spends that budget where the loss per saved cost is smallest.
 
@@ -134,7 +135,12 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
     removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], multiple, result, cap,
                      importance, opts["max_loss"])
     if removed and opts["alloc"] == "sensitivity" and opts["scope"] == "global" and not opts["max_loss"]:
-        removed = sensitivity_select(cg, teacher, stats, samples, importance, costs, removed, cap,
+        # the budget comes from the ranking by importance alone: a cost-weighted ranking picks the
+        # expensive units, and their summed cost would be a far larger budget (det, cost=latency:
+        # MACs 0.19 of fuse at ratio 0.35)
+        budget = removed if scores is importance else select(
+            cg, importance, opts["ratio"], opts["scope"], opts["min_channels"], multiple, result, cap)
+        removed = sensitivity_select(cg, teacher, stats, samples, importance, costs, budget, cap,
                                      opts["min_channels"], multiple, result, ctx.progress)
     if not removed:
         result.skip("nothing to prune at this ratio")
