@@ -53,11 +53,10 @@ it float (with ``smooth``, an exactly equivalent rebalanced float graph).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxslim_kit.activations import with_outputs
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
@@ -67,7 +66,14 @@ from . import _quant_plan as plan_mod
 from . import _quant_smooth as smooth_mod
 from ._quant_cle import equalize
 from ._quant_correct import measure_twins
-from ._quant_fallback import Scorer, SharedWeights, choose_fallback, give_back, parse_target, run
+from ._quant_fallback import (
+    Scorer,
+    SharedWeights,
+    activations,
+    choose_fallback,
+    parse_target,
+    trial_copy,
+)
 from ._quant_io import make_integer_io
 from ._quant_qdq import (
     RUNGS,
@@ -97,27 +103,6 @@ def calib_samples(ctx):
     """The calibration samples: the first ``calib_samples`` of the feed, or all of it."""
     n = ctx.options["calib_samples"]
     return ctx.feed.take(n) if n > 0 else ctx.feed
-
-
-def activations(model, names: list, samples):
-    """:func:`onnxslim_kit.activations.iter_activations` without copying the weights: the
-    session gets them as arrays (:class:`._quant_fallback.SharedWeights`; MiniLM's 88 MB of
-    weights cost ~1.7 s to export and hand over otherwise)."""
-    shared = SharedWeights(model.graph)
-    trial = trial_copy(model)
-    shared.strip(trial.graph)
-    session = shared.session(with_outputs(trial.to_proto(), names))
-    wanted = set(names)
-    for sample in samples:
-        yield {k: v for k, v in run(session, sample).items() if k in wanted}
-    del session
-    give_back()
-
-
-def trial_copy(model) -> Model:
-    """A copy of ``model`` to try things on: arrays shared (never mutated), the set of used
-    names shared too (a trial's fresh names only reserve more names in the original)."""
-    return replace(model, graph=model.graph.copy())
 
 
 @dataclass

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
+from onnxslim_kit.passes import _quant_qdq as qdq
+from onnxslim_kit.passes._quant_fallback import SharedWeights, give_back, run
 from test_int8 import build, w
 
 from onnxslim_kit.model import Model
-from onnxslim_kit.passes import _quant_qdq as qdq
-from onnxslim_kit.passes._quant_fallback import SharedWeights, give_back, run
 from onnxslim_kit.runtime import make_session
 
 RNG = np.random.default_rng(7)
