@@ -51,16 +51,16 @@ def int8_bytes(shape: tuple, scale_bytes: int) -> int:
 
 
 def sensitivities(proto: onnx.ModelProto, candidates: dict, samples: list) -> dict:
-    """``candidates``: {weight initializer name: dequantized weight in its stored layout};
-    returns {name: loss} (see the module docstring)."""
+    """``candidates``: {weight initializer name: callable giving the dequantized weight in its
+    stored layout} (made one at a time: one float copy alive); returns {name: loss}."""
     proto = _weights_as_inputs(proto, list(candidates))
     session = make_session(proto, "basic", threads=1)
     feeds = [prepare_feed(session, s) for s in samples]
     outputs = [o.name for o in session.get_outputs()]
     refs = [session.run(outputs, f) for f in feeds]
     losses = {}
-    for name, value in candidates.items():
-        loss = 0.0
+    for name, make in candidates.items():
+        value, loss = make(), 0.0
         for feed, ref in zip(feeds, refs):
             outs = session.run(outputs, {**feed, name: value})
             loss += sum(_one_minus_cos(r, o) for r, o in zip(ref, outs))
