@@ -47,10 +47,10 @@ def measure_twins(model, plan, samples: list, correct: bool = True) -> tuple:
     pairs = add_quantized_twins(model, plan)
     names = [n for _, a, b in pairs for n in (a, b)]
     err_sum, err_sq, count, ref_sq = {}, {}, {}, {}
-    for acts in activations(model, names, samples):
+    for acts in activations(model, names, samples, lazy=True):
         for layer, a, b in pairs:
-            y = acts.pop(a)  # popped: each pair's tensors go once measured
-            e = y.astype(np.float64) - acts.pop(b)
+            y = acts.pop(a).numpy()  # made arrays pair by pair, popped: each pair's tensors go once measured
+            e = y.astype(np.float64) - acts.pop(b).numpy()
             axis = 1 if ops[layer] == "Conv" else e.ndim - 1
             s1, s2, n = _channel_sums(e, axis) if e.ndim else (e.reshape(1), e.reshape(1) ** 2, 1)
             err_sum[layer] = err_sum.get(layer, 0.0) + s1
