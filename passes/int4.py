@@ -40,8 +40,13 @@ drops it after encoding, so the pass holds one layer's float copy (awq: the laye
 input) besides the int4 results. For a model with external data the core streams the rest
 (:mod:`onnxslim_kit.streaming`): the weights stay in their file (a read maps one layer),
 ONNX Runtime maps them itself for the teacher and the verification, and the output's data file
-is written tensor by tensor — 256 MB of MatMul weights: peak RSS 367 MB (was 1386 MB),
-``benchmarks/measure_memory.py``, results/memory-2026-11-29-s2.md.
+is written tensor by tensor — 256 MB of MatMul weights: peak RSS 367 MB with RTN (was
+1386 MB), ``benchmarks/measure_memory.py``, results/memory-2026-11-29-s2.md. GPTQ (and the
+range search) take the Hessians XᵀX in rounds of ≤ ``HESSIAN_BYTES_PER_ROUND`` and quantize a
+round's layers before measuring the next (every round measures the model as it was on entry,
+so the result does not depend on the round size): the same 256 MB model with the default
+GPTQ + mixed precision peaks at 731 MB (was 1225 MB with all 64 Hessians and GPTQ factors held
+at once), ``max_ratio=0`` at 550 MB (was 952 MB) — results/memory-2026-11-29-s2-int4.md.
 
 Defaults (session 2): ``method=gptq, act_order=true, symmetric=false, block_size=64,
 damp=0.1, search=false``, ``sequential=false``, and mixed
@@ -95,7 +100,7 @@ from ._graph import const_value, is_onnx_op, new_constant
 
 MIN_K = 16
 QDQ_OPSET = 21
-HESSIAN_BYTES_PER_ROUND = 512 << 20
+HESSIAN_BYTES_PER_ROUND = 64 << 20
 HEAD_STOPS = ("MatMul", "Gemm", "MatMulNBits")
 
 
@@ -210,16 +215,19 @@ class Int4Pass(Pass):
             # GPTQ: layers whose input no unquantized layer feeds, with Hessians measured on the
             # model as quantized so far (sequential GPTQ); RTN: everything in one round.
             ready = [t for t in remaining if not _fed_by(t, remaining)] if gptq and opts["sequential"] else remaining
-            todo = [t for t in ready if t.key not in first]
-            hessians = _hessians(model, todo, ctx) if todo and (gptq or opts["awq"] or opts["search"]) else {}
+            todo = [t for t in ready if t.key not in first and t.key not in cache]
             if opts["awq"]:
-                hessians = _apply_awq(model, [t for t in ready if t.key not in cache], hessians, opts, result)
-            factors: dict = {}  # per input tensor: layers reading one input share H and its factor
+                hessians = _apply_awq(model, todo, _hessians(model, todo, ctx) if todo else {}, opts, result)
+                factors: dict = {}  # per input tensor: layers reading one input share H and its factor
+                fresh = {t.key: _quantize(t, opts, hessians.get(t.node.inputs[0].name), factors, result)
+                         for t in todo}
+                del hessians, factors
+            else:
+                fresh = _quantize_all(model, todo, opts, ctx, result) if todo else {}
             rounds += 1
             for target in ready:
                 if target.key not in cache:
-                    qw = first.get(target.key) or _quantize(target, opts, hessians.get(target.node.inputs[0].name),
-                                                            factors, result)
+                    qw = first.pop(target.key, None) or fresh.pop(target.key)
                     cache[target.key] = _encode(model, qw, target.dtype, fmt)
                     before += int(np.prod(target.shape)) * target.dtype.itemsize
                     after += cache[target.key][2]
@@ -359,15 +367,16 @@ def _upgrade(model: Model, allowed: bool, result: PassResult) -> bool:
 
 # --- quantizing ----------------------------------------------------------------------------
 
-def _hessians(model: Model, targets: list, ctx) -> dict:
-    """Summed XᵀX per input tensor name of the targets, in rounds bounded by memory."""
+def _hessian_rounds(model: Model, targets: list, ctx):
+    """Yields {input tensor name: summed XᵀX} for the targets, one round (≤
+    ``HESSIAN_BYTES_PER_ROUND``) at a time, from the model as it is when each round starts; a
+    caller that quantizes a round's layers before taking the next holds one round's Hessians."""
     inputs = {}
     for t in targets:
         inputs.setdefault(t.node.inputs[0].name, t.shape[1])
     graph_inputs = {t.name for t in model.graph.inputs}
     samples = ctx.feed.take(ctx.options["samples"])
-    proto = model.to_proto()
-    hessians, batch, used = {}, [], 0
+    batch, used = [], 0
     names = list(inputs)
     for i, name in enumerate(names):
         batch.append(name)
@@ -375,14 +384,43 @@ def _hessians(model: Model, targets: list, ctx) -> dict:
         if used < HESSIAN_BYTES_PER_ROUND and i + 1 < len(names):
             continue
         exposed = [n for n in batch if n not in graph_inputs]
-        acts = iter_activations(proto, exposed, samples) if exposed else ({} for _ in samples)
+        acts = iter_activations(model.to_proto(), exposed, samples) if exposed else ({} for _ in samples)
+        hessians = {}
         with _int4_gptq.blas_threads(ctx.options["threads"]):
             for sample, values in zip(samples, acts):
                 for n in batch:
                     x = sample[n] if n in graph_inputs else values[n]
                     hessians[n] = _int4_gptq.hessian_update(hessians.get(n), x)
+        del acts
+        yield hessians
         batch, used = [], 0
-    return hessians
+
+
+def _hessians(model: Model, targets: list, ctx) -> dict:
+    """Summed XᵀX per input tensor name of the targets (all rounds at once)."""
+    out = {}
+    for part in _hessian_rounds(model, targets, ctx):
+        out.update(part)
+    return out
+
+
+def _quantize_all(model: Model, targets: list, opts: dict, ctx, result: PassResult) -> dict:
+    """{target key: quantized weight} for the targets, Hessians (gptq, search) taken and dropped
+    round by round — so a model of many large layers never holds all their Hessians and GPTQ
+    factors at once; every Hessian comes from the model as it was on entry."""
+    keys = {}
+    for t in targets:
+        keys.setdefault(t.key, t)
+    if not (opts["method"] == "gptq" or opts["search"]):
+        return {k: _quantize(t, opts, None, {}, result) for k, t in keys.items()}
+    done = {}
+    for hessians in _hessian_rounds(model, list(keys.values()), ctx):
+        factors: dict = {}  # per input tensor: layers reading one input share H and its factor
+        for k, t in keys.items():
+            if k not in done and t.node.inputs[0].name in hessians:
+                done[k] = _quantize(t, opts, hessians[t.node.inputs[0].name], factors, result)
+        del factors, hessians
+    return done
 
 
 def _apply_awq(model: Model, targets: list, hessians: dict, opts: dict, result: PassResult) -> dict:
@@ -478,14 +516,9 @@ def _mixed(model: Model, targets: list, opts: dict, ctx, fmt: str, result: PassR
     """Quantize every target to int4, measure each one's output loss alone, promote the worst to
     8 bits within ``max_ratio`` (:mod:`._int4_mixed`). Returns (targets left for int4, their int4
     results by key, (float bytes, bytes) of the promoted layers)."""
-    gptq = opts["method"] == "gptq"
-    hessians = _hessians(model, targets, ctx) if gptq or opts["search"] else {}
-    first, factors, by_weight = {}, {}, {}
+    first, by_weight = _quantize_all(model, targets, opts, ctx, result), {}
     for t in targets:
-        if t.key not in first:
-            first[t.key] = _quantize(t, opts, hessians.get(t.node.inputs[0].name), factors, result)
         by_weight.setdefault(t.weight.name, set()).add(t.key)
-    del hessians, factors
     float_total = int4_total = 0
     costs, candidates, seen = {}, {}, set()
     for t in targets:

@@ -463,3 +463,26 @@ def test_mixed_precision_promotes_the_sensitive_layer_within_the_budget():
             assert bits == [4, 8] and len(report.metrics["int8_layers"]) == 1
             assert report.metrics["weight_ratio"] <= 0.21
     assert worst["0.21"] > worst["0"]
+
+
+def test_gptq_hessians_in_small_rounds_give_the_same_model(monkeypatch):
+    """Hessians are taken and dropped round by round (bounded memory); every round measures the
+    model as it was on entry, so the rounds' size does not change a single byte of the result."""
+    k = 64
+    model = build("h = MatMul(x, W1)\nr = Relu(h)\ny = MatMul(r, W2)", f"float[8, {k}] x",
+                  {"W1": RNG.standard_normal((k, k)).astype(np.float32),
+                   "W2": RNG.standard_normal((k, k)).astype(np.float32)})
+    one_round, _ = int4(model, "method=gptq,max_ratio=0", samples=8)
+    rounds = []
+    original = int4_pass._hessian_rounds
+
+    def counted(*args):
+        for part in original(*args):
+            rounds.append(sorted(part))
+            yield part
+
+    monkeypatch.setattr(int4_pass, "HESSIAN_BYTES_PER_ROUND", 1)
+    monkeypatch.setattr(int4_pass, "_hessian_rounds", counted)
+    small_rounds, _ = int4(model, "method=gptq,max_ratio=0", samples=8)
+    assert len(rounds) == 2 and all(len(r) == 1 for r in rounds)
+    assert small_rounds.SerializeToString() == one_round.SerializeToString()
