@@ -2,8 +2,9 @@
 
 A uniform per-layer rule (every layer keeps the same output cosine) spends the error budget
 badly: layers differ by orders of magnitude in how much end-to-end damage a FLOP saved costs
-(MiniLM-L6: a query/key projection at a quarter of its break-even rank costs less output
-cosine than an FFN layer at 80 %; measured, ``benchmarks/results/svd-2026-11-29-s2.md``).
+(MiniLM-L6, cross-fitted: layer 2's query projection at rank 57 — 30 % of its break-even rank —
+costs 1.8e-3 of output cosine, its FFN input layer at rank 291 — 95 % of break-even — 3.6e-3;
+``benchmarks/results/svd-2026-11-29-s2.md``).
 So:
 
 1. **Sensitivity.** For every candidate layer and every rank of a grid (the ranks removing
@@ -11,8 +12,8 @@ So:
    against the unmodified model is measured with that layer alone factorised, *cross-fitted*:
    factors fitted on the statistics of one half of the calibration samples (even / odd index),
    loss measured on the samples of the other half, the two averaged — an in-sample loss was
-   useless (MiniLM, 32 sentences: in-sample allocation 29 % of FLOPs at cosine 0.994 on the
-   calibration sentences, 0.63 on other sentences).
+   useless (MiniLM, 32 sentences: in-sample allocation 32 % of the FLOPs at cosine 0.992 on the
+   calibration sentences, 0.58 on other sentences).
 2. **Allocation.** Losses of small perturbations add up, so for a price ``λ`` each layer takes
    the grid rank minimising ``loss − λ · FLOPs saved`` (or stays whole); larger ``λ`` saves
    more. The allocations of ``LAMBDAS`` prices are ordered by saving and the largest one whose

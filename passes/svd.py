@@ -37,8 +37,9 @@ for the whole model — the largest-saving allocation whose measured output cosi
 held-out samples holds ``target``. Layers whose every grid rank would be slower are left out
 beforehand (:mod:`._svd_speed`); the notes list each layer's losses per rank and its rank.
 Measured on MiniLM-L6 with 32 calibration sentences (``benchmarks/results/svd-2026-11-29-s2*.md``):
-the uniform rule found 0 % of the weight-MatMul FLOPs at ≥ 0.99, the allocation ≈ 3 %; in-sample
-the same allocation reaches 29 % at 0.994, so the limit is how far 32 sentences generalise.
+the uniform rule kept 0 % of the weight-MatMul FLOPs at ≥ 0.99, the allocation 2.9 % (held out
+0.992, other sentences 0.987); an in-sample allocation removes 32 % at 0.992 on the calibration
+sentences but 0.58 on others — the limit is how far 32 sentences (428 real tokens) generalise.
 ``alloc=layer`` keeps the per-layer rule below.
 
 End-to-end target (``target``, default 0.99; 0 turns it off; ignored with ``force``): per-layer
