@@ -63,7 +63,12 @@ import onnxruntime as ort
 from onnxslim_kit.activations import with_outputs
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare
-from onnxslim_kit.runtime import EXTERNAL_FOLDER, make_session, prepare_feed, session_options
+from onnxslim_kit.runtime import (
+    EXTERNAL_FOLDER,
+    make_session,
+    prepare_feed,
+    session_options,
+)
 from onnxslim_kit.runtime import run as run_once
 from onnxslim_kit.streaming import set_location
 
