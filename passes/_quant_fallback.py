@@ -7,6 +7,15 @@ model's outputs on the evaluation samples (ORT, optimisations off):
 * ``top1`` — the argmax agreement over all rows of all samples, worst output (outputs
   without a class axis are judged by cosine instead).
 
+Either way, an output made by a ``Softmax`` over at most ``DECISION_CLASSES`` classes (a
+classifier's probabilities, a detector's per-pixel class map; through ``Identity``) must
+also keep its *decisions*: the argmax over the Softmax's axis (not necessarily the last),
+scored as the agreement on the rows that are not plain background — rows where the
+reference or the candidate decides a class other than the reference's most frequent one —
+so a rare class's flips are not drowned by the easy majority. Measured on MTCNN P-Net (8
+calibration samples, int8 everywhere): per-pixel argmax agreement 0.9994 and cosine 0.99
+while 20 of 85 face pixels flipped (the suite's face-mask IoU 0.82).
+
 Search (each step builds the model with a set of int8 layers and scores it):
 
 1. all candidate layers int8 — done if the target holds;
@@ -73,6 +82,7 @@ from onnxslim_kit.runtime import run as run_once
 from onnxslim_kit.streaming import set_location
 
 METRICS = ("cos", "top1")
+DECISION_CLASSES = 32  # Softmax outputs over at most this many classes are also judged by their decisions
 BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run as one batch
 BATCH_COUPLED = {"DynamicQuantizeLinear"}
 STAND_IN = "stand-in.bin"  # SharedWeights: the sparse file external stubs name  # ops whose result for one sample depends on the others
@@ -254,6 +264,7 @@ class Scorer:
         session = make_session(original, threads=1)
         self.reference = [run(session, s) for s in samples]
         self.names = [n for n, v in self.reference[0].items() if np.asarray(v).dtype.kind == "f"]
+        self.decisions = reference_decisions(original, self.reference)
         self.rows = [int(np.prod(np.shape(self.reference[0][n])[:-1])) or 1 for n in self.names]
         self.builds = 0
         self.runs = 0
@@ -342,6 +353,9 @@ class Scorer:
             for name in self.names:
                 if name in got:
                     state[name].append(self._sample_score(ref[name], got[name]))
+                    if name in self.decisions:
+                        state.setdefault((name, "decisions"), []).append(
+                            decision_agreement(self.decisions[name], ref[name], got[name]))
             bound = self._bound(state, len(self.samples) - i - 1)
             if stop_below is not None and bound < stop_below:
                 return bound
@@ -361,13 +375,72 @@ class Scorer:
         for values in state.values():
             if not values:
                 continue
-            if isinstance(values[0], tuple):
+            if isinstance(values[0], tuple) and len(values[0]) == 3:  # (agreeing, counted, rows)
+                extra = remaining * values[0][2]  # at best every remaining row counts and agrees
+                counted = sum(n for _, n, _ in values) + extra
+                scores.append((sum(a for a, _, _ in values) + extra) / counted if counted else 1.0)
+            elif isinstance(values[0], tuple):
                 seen = sum(rows for _, rows in values)
                 total = seen + remaining * values[0][1]
                 scores.append((sum(a * rows for a, rows in values) + remaining * values[0][1]) / total)
             else:
                 scores.append(min(values))
         return float(min(scores)) if scores else 1.0
+
+
+def class_axes(model) -> dict:
+    """``{graph output: (axis, flatten)}`` of the outputs made by a Softmax (through
+    ``Identity``): the class axis, and whether the classes are the flattened dims from it on
+    (opset < 13 Softmax coerces its input to 2-D at ``axis``)."""
+    graph = model.graph
+    made_by = {o: n for n in graph.node for o in n.output}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    found = {}
+    for out in graph.output:
+        node = made_by.get(out.name)
+        while node is not None and node.op_type == "Identity":
+            node = made_by.get(node.input[0])
+        if node is None or node.op_type != "Softmax":
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+        found[out.name] = (axis, opset < 13)
+    return found
+
+
+def class_decisions(value, axis: int, flatten: bool):
+    """Argmax over the class axis, one decision per row; None when the classes are too many
+    (or the axis is not there)."""
+    value = np.asarray(value)
+    if not -value.ndim <= axis < value.ndim:
+        return None
+    axis %= value.ndim
+    rows = value.reshape(int(np.prod(value.shape[:axis])), -1) if flatten else np.moveaxis(value, axis, -1)
+    if not 1 < rows.shape[-1] <= DECISION_CLASSES:
+        return None
+    return rows.reshape(-1, rows.shape[-1]).argmax(-1)
+
+
+def reference_decisions(original, reference: list) -> dict:
+    """``{output: (axis, flatten, background class)}`` of the reference outputs judged by
+    their decisions too (:func:`class_axes`); the background is the class the reference
+    decides most often over all samples."""
+    found = {}
+    for name, (axis, flatten) in class_axes(original).items():
+        decided = [class_decisions(ref[name], axis, flatten) for ref in reference if name in ref]
+        if decided and all(d is not None for d in decided):
+            found[name] = (axis, flatten, int(np.bincount(np.concatenate(decided)).argmax()))
+    return found
+
+
+def decision_agreement(spec: tuple, ref, got) -> tuple:
+    """``(agreeing, counted, rows)`` of one sample: the rows where the reference or the
+    candidate decides a class other than the background, how many of those agree, all rows."""
+    axis, flatten, background = spec
+    a, b = class_decisions(ref, axis, flatten), class_decisions(got, axis, flatten)
+    if a is None or b is None or a.shape != b.shape:
+        return 0, 1, 1  # the candidate lost the class axis: a failure
+    counted = (a != background) | (b != background)
+    return int((counted & (a == b)).sum()), int(counted.sum()), int(a.size)
 
 
 def rank_layers(names: list, build_one, rank_score, progress=lambda it, **_: it, local=None,

@@ -137,7 +137,8 @@ class Int8Pass(Pass):
         "activations": Option(str, "uint8", "activation type", ("uint8", "int8")),
         "per_channel": Option(bool, True, "per-output-channel weight scales (needs opset ≥ 13)"),
         "calib_samples": Option(int, 0, "calibration samples to use (0: the whole feed)"),
-        "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off)"),
+        "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off); "
+                       "Softmax outputs over ≤ 32 classes must also keep their decisions to V"),
         "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
         "eval_samples": Option(int, 8, "samples used to score the target and measure the bias correction"),
         "cle": Option(bool, False, "cross-layer equalization of (Conv → Relu →) Conv pairs before calibration"),

@@ -512,6 +512,63 @@ def test_top1_bound_counts_the_remaining_rows_as_agreeing():
     assert scorer._bound({"y": [(1.0, 10)], "z": [0.98, 0.9]}, 3) == pytest.approx(0.9)
 
 
+def rare_class_map():
+    """A 2-class Softmax over axis 1 (not the last): background everywhere (logit gap 100),
+    8 sure class-1 pixels and a 4×4 block at the boundary (gap 0.2·x), which 8-bit steps of
+    the Conv's input (~0.4) round to a tie. Cosine barely moves; the block's decisions flip."""
+    scale, offset = np.zeros((1, 1, 16, 16), np.float32), np.full((1, 1, 16, 16), -50.0, np.float32)
+    offset[0, 0, :2, :4] = 50.0
+    offset[0, 0, 8:12, 4:8], scale[0, 0, 8:12, 4:8] = 0.0, 0.1
+    return build("m = Mul (x, s)\nh = Add (m, o)\nc = Conv (h, wc)\ny = Softmax <axis = 1> (c)",
+                 "float[1, 1, 16, 16] x",
+                 {"s": scale, "o": offset, "wc": np.array([-1.0, 1.0], np.float32).reshape(2, 1, 1, 1)})
+
+
+def test_default_target_keeps_class_decisions_that_cosine_misses(monkeypatch):
+    import onnxslim_kit.passes._quant_fallback as fallback
+
+    model = rare_class_map()
+    samples = [{"x": RNG.standard_normal((1, 1, 16, 16)).astype(np.float32)} for _ in range(4)]
+
+    def flips(out):
+        return sum(int((run_ort(model, s)[0].argmax(1) != run_ort(out, s)[0].argmax(1)).sum()) for s in samples)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fallback, "DECISION_CLASSES", 1)  # cosine alone: the previous default
+        cos_only, loose = quantize(model)
+    assert loose.metrics["layers_int8"] == 1 and loose.verification["outputs"]["y"]["cosine"] >= 0.99
+    assert flips(cos_only) >= 4  # about half the boundary block, every sample
+    out, rep = quantize(model)  # default target cos:0.99
+    assert rep.metrics["layers_int8"] == 0 and rep.metrics["target_cos"] >= 0.99
+    assert flips(out) == 0
+
+
+def test_class_axes_and_decision_agreement():
+    from onnxslim_kit.passes._quant_fallback import (
+        Scorer,
+        class_axes,
+        decision_agreement,
+        reference_decisions,
+    )
+
+    body = "c = Conv (x, wc)\np = Softmax <axis = 1> (c)\ny = Identity (p)\nz = Sigmoid (c)"
+    inits = {"wc": w(3, 1, 1, 1)}
+    assert class_axes(build(body, "float[1, 1, 4, 4] x", inits, "float y, float z")) == {"y": (1, False)}
+    assert class_axes(build(body, "float[1, 1, 4, 4] x", inits, "float y, float z", opset=11)) == {"y": (1, True)}
+    ref = np.zeros((1, 3, 2, 5), np.float32)
+    ref[0, 0] = 1.0  # background: class 0 ...
+    ref[0, 2, 0, :2] = 2.0  # ... but 2 rows decide class 2
+    got = ref.copy()
+    got[0, 2, 0, 0] = 0.0  # one class-2 row flips to background
+    got[0, 1, 1, 4] = 3.0  # one background row flips to class 1
+    spec = reference_decisions(build(body, "float[1, 1, 4, 4] x", inits, "float y, float z"), [{"y": ref}])["y"]
+    assert spec == (1, False, 0)
+    assert decision_agreement(spec, ref, got) == (1, 3, 10)  # of the 3 non-background rows, 1 agrees
+    assert decision_agreement(spec, ref, got[:, :, :1]) == (0, 1, 1)  # rows lost: a failure
+    # 1 sample of 10 rows to go: at best (1 + 10) / (3 + 10)
+    assert Scorer.__new__(Scorer)._bound({("y", "decisions"): [(1, 3, 10)]}, 1) == pytest.approx(11 / 13)
+
+
 def test_bad_selector_is_a_user_error():
     from onnxslim_kit.errors import UserError
 
