@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 import onnx
 
-from .runtime import add_outputs, make_session, run
+from .runtime import add_outputs, give_back, make_session, run
 
 
 def with_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
@@ -31,9 +31,13 @@ def iter_activations(
 ) -> Iterator[dict]:
     """For each sample, ``{name: array}`` of the requested tensors (graph outputs included)."""
     # the outputs are added to the session's skeleton proto: no copy of the model's weights
-    session = make_session(proto, opt_level=opt_level, threads=threads, extra_outputs=names)
+    # no arena (it would keep the largest run's intermediates for the session's life)
+    session = make_session(proto, opt_level=opt_level, threads=threads, extra_outputs=names, arena=False)
     wanted = set(names)
     for sample in samples:
         # no local keeps this sample's tensors: a consumer that drops (or clears) the dict it
         # got frees them before the next run allocates its own (halves the peak memory)
         yield {k: v for k, v in run(session, sample).items() if k in wanted}
+        give_back()
+    del session
+    give_back()

@@ -31,8 +31,8 @@ from google.protobuf.message import DecodeError
 
 from .errors import UserError
 from .scopes import share_subgraph_constants
-from .streaming import (anchor_external_data, external_bytes, has_anchored, map_constants, proto_size,
-                        unmap_constants, weightless, write_external, write_serialized, fill_weights)
+from .streaming import (NUMPY_DTYPES, anchor_external_data, external_bytes, has_anchored, map_constants,
+                        proto_size, unmap_constants, weightless, write_external, write_serialized, fill_weights)
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -153,6 +153,24 @@ class Model:
             return proto
         return self._export()
 
+    def session_proto(self) -> tuple:
+        """(proto, arrays) to build an ONNX Runtime session from without exporting the weights:
+        the proto's main-graph constants of 1 KB or more are empty external-data stubs
+        (location ``in-memory``), ``arrays`` maps their names to the model's own values
+        (:func:`.runtime.make_session` writes them to its spill file one at a time). The
+        same bytes :meth:`to_proto` would export. ``arrays`` is None for a model with
+        subgraphs (a full proto then)."""
+        if len(list(self.all_graphs())) != 1:
+            return self.to_proto(), None
+        unmap_constants(self.graph)
+        with weightless([self.graph], min_bytes=1024, floats_only=False) as swapped:
+            proto = self._export()
+        # kept in the proto: int32/int64 tensors (shape inference, the checker's, reads their
+        # values) and types whose proto bytes are not the array's (int4 is packed, bfloat16…)
+        kept = [(t, v) for t, v in swapped if np.dtype(t.dtype) not in _SPILLED]
+        fill_weights(proto, kept)
+        return proto, {t.name: v for t, v in swapped if np.dtype(t.dtype) in _SPILLED}
+
     def _export(self) -> onnx.ModelProto:
         proto = gs.export_onnx(self.graph, do_type_check=False)
         share_subgraph_constants(proto.graph)
@@ -213,6 +231,9 @@ class Model:
                 graph.cleanup(remove_unused_graph_inputs=False)
             count += converted
         return count
+
+
+_SPILLED = {d for d in NUMPY_DTYPES.values() if d not in (np.dtype(np.int64), np.dtype(np.int32))}
 
 
 def _subgraphs(graph: gs.Graph):

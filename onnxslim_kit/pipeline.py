@@ -26,6 +26,7 @@ import onnx
 from .errors import UserError, VerificationError
 from .model import Model
 from .report import PassReport, Report, model_stats
+from .runtime import give_back
 from .verify import Verifier
 
 
@@ -243,7 +244,7 @@ def run_pipeline(
         result = instance.run(model, ctx)
         model.commit()
         elapsed = time.perf_counter() - start
-        candidate = model.to_proto()
+        give_back()  # what the pass freed, before the verification session
         entry = PassReport(
             name=instance.name, options=options, lossless=lossless, modified=result.modified,
             rewrites=dict(result.rewrites), skipped=dict(result.skipped), notes=list(result.notes),
@@ -251,7 +252,8 @@ def run_pipeline(
         )
         if result.modified and verifier is not None:
             log(f"{instance.name}: verifying against the original with ONNX Runtime")
-            check = verifier.check(candidate, lossless=lossless)
+            # the model itself, not its proto: no whole-model copy beside the session
+            check = verifier.check(model, lossless=lossless)
             entry.verification = check.to_dict()
             if check.status == "invalid" or (lossless and check.status == "failed"):
                 entry.rolled_back = True
@@ -262,11 +264,16 @@ def run_pipeline(
                         f"pass {instance.name!r} changed the outputs ({check.summary()}); rolled back"
                     )
                 continue
+        # accepted: the weights the pass replaced (held by the snapshot) go before the export
+        del snapshot
+        give_back()
+        candidate = model.to_proto()
         good_stats = model_stats(candidate)
         report.passes.append(entry.finish(good_stats))
         # no proto is kept while the next pass runs (one whole-model copy fewer); after the
         # last pass the candidate is the result
         final = candidate if index == len(resolved) - 1 else None
-        del candidate, snapshot
+        del candidate
+        give_back()  # freed heap back before the next pass allocates
     report.after = good_stats
     return (final if final is not None else model.to_proto()), report

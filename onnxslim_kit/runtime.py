@@ -45,12 +45,8 @@ def give_back() -> None:
         _MALLOC_TRIM(0)
 
 
-def session_options(opt_level: str = "disable", threads: int = 0, arena: bool = True) -> ort.SessionOptions:
-    """``arena=False``: ORT's CPU arena off — it keeps each run's peak of intermediates for
-    the session's life; without it they go back to malloc as they are freed (see
-    :func:`give_back`). For sessions that run a few samples, not for timed ones."""
+def session_options(opt_level: str = "disable", threads: int = 0) -> ort.SessionOptions:
     so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = arena
     so.graph_optimization_level = OPT_LEVELS[opt_level]
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -65,6 +61,7 @@ def make_session(
     providers: list | None = None,
     extra_outputs: list | None = None,
     arena: bool = True,
+    arrays: dict | None = None,
 ) -> ort.InferenceSession:
     """A session for a proto or a file path; ``extra_outputs``: intermediate tensors the
     session also returns (proto only, see :func:`add_outputs`).
@@ -74,13 +71,18 @@ def make_session(
     initializers are external data (:func:`split_weights`) in a file it maps itself: the
     model's own data files for weights left on disk (:mod:`.streaming`), else a temporary file
     written one tensor at a time and unlinked once the session holds it. MiniLM (88 MB):
-    a session costs ≈ 1× the weights instead of 3×. ``arena``: see :func:`session_options`.
+    a session costs ≈ 1× the weights instead of 3×. ``arena=False``: ORT's CPU arena off — it
+    keeps a run's peak of intermediates for the session's life; without it they go back to
+    malloc as they are freed (see :func:`give_back`). For sessions that run a few samples.
+    ``arrays``: the values of the proto's ``in-memory`` stubs (:meth:`.model.Model.session_proto`),
+    written to the spill file like the weights of a whole proto.
     """
-    so = session_options(opt_level, threads, arena)
+    so = session_options(opt_level, threads)
+    so.enable_cpu_mem_arena = arena
     providers = providers or ["CPUExecutionProvider"]
     if isinstance(model, (str, Path)):
         return ort.InferenceSession(str(model), so, providers=providers)
-    skeleton, moved, folder = split_weights(model)
+    skeleton, moved, folder = split_weights(model, arrays)
     if extra_outputs:
         add_outputs(skeleton, extra_outputs)
     if not moved:
@@ -89,22 +91,22 @@ def make_session(
         return ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
     if folder is not None:  # both kinds: ORT reads one folder, the in-memory weights go as arrays
         so.add_session_config_entry(EXTERNAL_FOLDER, folder)
-        arrays = [np.ascontiguousarray(numpy_helper.to_array(t)) for _, t in moved]
-        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+        held = [_values(t, arrays) for _, t in moved]
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in held]
         for stub, _ in moved:
             set_location(stub, "in-memory", 0, 0)
         so.add_external_initializers([t.name for _, t in moved], values)
         session = ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
-        session._slim_weights = (arrays, values)  # ORT is handed the buffers: keep them alive
+        session._slim_weights = (held, values)  # ORT is handed the buffers: keep them alive
         return session
     with tempfile.TemporaryDirectory(prefix="slim-ort-", ignore_cleanup_errors=True) as tmp:
         with open(Path(tmp) / SPILL, "wb") as fh:
             for stub, tensor in moved:
                 start = -(-fh.tell() // 4096) * 4096  # page-aligned: ORT maps instead of reading
                 fh.write(b"\0" * (start - fh.tell()))
-                data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
-                fh.write(data)
-                set_location(stub, SPILL, start, len(data))
+                data = _values(tensor, arrays)
+                fh.write(memoryview(data).cast("B"))
+                set_location(stub, SPILL, start, data.nbytes)
         so.add_session_config_entry(EXTERNAL_FOLDER, tmp)
         return ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
 
@@ -128,14 +130,25 @@ SPILL = "weights.bin"
 SPLIT_MIN_BYTES = 1024
 
 
-def split_weights(proto: onnx.ModelProto) -> tuple:
+def _values(tensor: onnx.TensorProto, arrays: dict | None) -> np.ndarray:
+    """The values of a tensor ``split_weights`` moved: from ``arrays`` for an in-memory stub."""
+    source = arrays.get(tensor.name) if arrays and tensor.data_location == onnx.TensorProto.EXTERNAL else None
+    if source is None:
+        return np.ascontiguousarray(numpy_helper.to_array(tensor))
+    if hasattr(source, "load"):  # onnx-graphsurgeon's lazy values: read from the source proto
+        source = source.load()
+    return np.ascontiguousarray(source)
+
+
+def split_weights(proto: onnx.ModelProto, arrays: dict | None = None) -> tuple:
     """(skeleton, moved, folder): a copy of ``proto`` built field by field, whose large in-memory
     main-graph initializers are empty stubs — ``moved`` pairs each stub with its source tensor —
     and whose tensors left on disk (anchored, :mod:`.streaming`) name their files relative to
     ``folder`` (None when there are none).
 
     Initializers that are also graph inputs (overridable at run time), and types numpy cannot
-    hold exactly, are copied as they are.
+    hold exactly, are copied as they are. ``arrays``: see :func:`make_session` (its stubs are
+    always moved).
     """
     skeleton = onnx.ModelProto()
     copy_fields(proto, skeleton, skip=("graph",))
@@ -143,6 +156,11 @@ def split_weights(proto: onnx.ModelProto) -> tuple:
     inputs = {i.name for i in proto.graph.input}
     moved = []
     for init in proto.graph.initializer:
+        if arrays and init.name in arrays and init.data_location == onnx.TensorProto.EXTERNAL:
+            stub = skeleton.graph.initializer.add()
+            copy_fields_except_data(init, stub)
+            moved.append((stub, init))
+            continue
         if (is_anchored(init) or init.data_type not in NUMPY_DTYPES or init.name in inputs
                 or tensor_nbytes(init) < SPLIT_MIN_BYTES):
             skeleton.graph.initializer.append(init)

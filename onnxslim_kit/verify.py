@@ -26,7 +26,7 @@ import onnx
 
 from .errors import UserError
 from .metrics import compare, merge, within_tolerance
-from .model import needs_external_data
+from .model import Model, needs_external_data
 from .runtime import give_back, make_session, run
 from .streaming import checker_view
 
@@ -93,7 +93,12 @@ class Verifier:
             del session
             give_back()
 
-    def check(self, candidate: onnx.ModelProto, lossless: bool) -> Check:
+    def check(self, candidate: onnx.ModelProto | Model, lossless: bool) -> Check:
+        """``candidate``: a proto, or a :class:`Model` — checked and run without exporting its
+        weights (:meth:`Model.session_proto`; no whole-model proto held beside the session)."""
+        arrays = None
+        if isinstance(candidate, Model):
+            candidate, arrays = candidate.session_proto()
         if self.original_check is None:
             problem = checker_error(candidate)
             if problem is not None:
@@ -102,7 +107,8 @@ class Verifier:
             return Check("unverified", message=f"ONNX Runtime cannot run the original: {self.runtime_error}")
         session = None
         try:
-            session = _session(candidate)
+            session = _session(candidate, arrays)
+            del candidate, arrays
             results = _run_all(session, self.samples)
         except Exception as exc:  # noqa: BLE001
             return Check("invalid", message=f"ONNX Runtime: {_first_line(exc)}")
@@ -121,10 +127,10 @@ class Verifier:
         return Check("failed" if lossless else "drift", outputs)
 
 
-def _session(proto: onnx.ModelProto):
+def _session(proto: onnx.ModelProto, arrays: dict | None = None):
     """A verification session: ORT's arena off (it would keep the largest run's intermediates
     until the session goes, and malloc keeps them after; MiniLM: ≈ 50 MB)."""
-    return make_session(proto, arena=False)
+    return make_session(proto, arena=False, arrays=arrays)
 
 
 def _run_all(session, samples: list) -> list:

@@ -206,3 +206,57 @@ def test_weightless_export_copies_no_float_weights_and_restores_them():
     inferred = onnx.shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
     assert [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim] == [2, 16]
     assert model.to_proto().SerializeToString() == full  # the weights are back, unchanged
+
+
+def _weighty_model() -> Model:
+    """x → MatMul(W float 2 KB) → MatMul(DequantizeLinear(q int8 2 KB)) → Gather(idx int64 1.3 KB)."""
+    rng = np.random.default_rng(3)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W"),
+        onnx.numpy_helper.from_array(rng.integers(-127, 127, (32, 64)).astype(np.int8), "q"),
+        onnx.numpy_helper.from_array(np.float32(0.01), "s"),
+        onnx.numpy_helper.from_array((np.arange(160) % 2).astype(np.int64), "idx"),
+    ]
+    h = onnx.helper
+    nodes = [h.make_node("MatMul", ["x", "W"], ["y"]), h.make_node("DequantizeLinear", ["q", "s"], ["d"]),
+             h.make_node("MatMul", ["y", "d"], ["z"]), h.make_node("Gather", ["z", "idx"], ["out"], axis=0)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 16])],
+                         [h.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [160, 64])], inits)
+    return Model.from_proto(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]))
+
+
+def test_session_proto_runs_like_the_full_proto_without_the_weights():
+    from onnxslim_kit.runtime import make_session, run
+    from onnxslim_kit.verify import checker_error
+
+    model = _weighty_model()
+    proto, arrays = model.session_proto()
+    inits = {t.name: t for t in proto.graph.initializer}
+    assert sorted(arrays) == ["W", "q"]  # float and int8 weights stay out of the proto
+    assert inits["W"].data_location == onnx.TensorProto.EXTERNAL and not inits["W"].raw_data
+    assert inits["q"].data_location == onnx.TensorProto.EXTERNAL
+    # integer tensors shape inference may read keep their values
+    assert inits["idx"].data_location != onnx.TensorProto.EXTERNAL
+    assert np.array_equal(onnx.numpy_helper.to_array(inits["idx"]), np.arange(160) % 2)
+    assert checker_error(proto) is None
+    sample = {"x": np.random.default_rng(4).standard_normal((2, 16)).astype(np.float32)}
+    got = run(make_session(proto, arena=False, arrays=arrays), sample)["out"]
+    want = run(make_session(model.to_proto()), sample)["out"]
+    assert np.array_equal(got, want) and np.abs(want).max() > 0
+    # the model's arrays were only read
+    assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in model.to_proto().graph.initializer)
+
+
+def test_verifier_checks_a_model_like_its_proto():
+    from onnxslim_kit.verify import Verifier
+
+    model = _weighty_model()
+    original = model.to_proto()
+    samples = [{"x": np.random.default_rng(i).standard_normal((2, 16)).astype(np.float32)} for i in range(2)]
+    verifier = Verifier(original, samples)
+    for tensor in model.graph.tensors().values():
+        if tensor.name == "W":
+            tensor.values = tensor.values * np.float32(1.5)
+    by_model = verifier.check(model, lossless=True).to_dict()
+    by_proto = verifier.check(model.to_proto(), lossless=True).to_dict()
+    assert by_model == by_proto and by_model["status"] == "failed"
