@@ -54,7 +54,7 @@ def sensitivities(proto: onnx.ModelProto, candidates: dict, samples: list) -> di
     """``candidates``: {weight initializer name: callable giving the dequantized weight in its
     stored layout} (made one at a time: one float copy alive); returns {name: loss}."""
     proto = _weights_as_inputs(proto, list(candidates))
-    session = make_session(proto, "basic", threads=1)
+    session = make_session(proto, "basic", threads=1, arena=False)  # each run's buffers go back
     feeds = [prepare_feed(session, s) for s in samples]
     outputs = [o.name for o in session.get_outputs()]
     refs = [session.run(outputs, f) for f in feeds]

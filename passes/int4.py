@@ -44,17 +44,22 @@ is written tensor by tensor — 256 MB of MatMul weights: peak RSS 367 MB with R
 1386 MB), ``benchmarks/measure_memory.py``, results/memory-2026-11-29-s2.md. GPTQ (and the
 range search) take the Hessians XᵀX in rounds of ≤ ``HESSIAN_BYTES_PER_ROUND`` and quantize a
 round's layers before measuring the next (every round measures the model as it was on entry,
-so the result does not depend on the round size): the same 256 MB model with the default
-GPTQ + mixed precision peaks at 731 MB (was 1225 MB with all 64 Hessians and GPTQ factors held
-at once), ``max_ratio=0`` at 550 MB (was 952 MB) — results/memory-2026-11-29-s2-int4.md.
+so the result does not depend on the round size); the heap each round frees (its ORT session,
+the GPTQ work) is given back to the system before the next round's session (glibc kept it:
++70 MB after the first round, then the rounds crept up), and the int4 results held until
+encoding (all of them for the mixed-precision choice) keep their codes two to a byte (32 MB
+instead of 64 MB here). The same 256 MB model with the default GPTQ + mixed precision peaks
+at 489 MB (744 MB before that, 1225 MB with all 64 Hessians and GPTQ factors held at once),
+``max_ratio=0`` at 487 MB (544 MB; 952 MB): the weights once as ORT maps them for a round's
+session, a round's Hessians (≤ 64 MB) and the packed results — results/memory-2026-11-29-s2-int4.md.
 
 Defaults (session 2): ``method=gptq, act_order=true, symmetric=false, block_size=64,
 damp=0.1, search=false``, ``sequential=false``, and mixed
 precision ``max_ratio=0.16`` (:mod:`._int4_mixed`: every layer is quantized to int4, each
 one's output loss alone is measured on ≤ 16 calibration samples, and the worst per extra byte
 become MatMulNBits ``bits=8`` while all MatMul weight bytes, scales and zero points included,
-stay ≤ 0.16× float; until the choice is made the pass holds every layer's int4 codes, a byte
-per weight — ``max_ratio=0`` for the least memory). Measured on all-MiniLM-L6-v2 (results/fp16_int4-2026-11-29-s2-minilm.md,
+stay ≤ 0.16× float; until the choice is made the pass holds every layer's int4 codes, packed
+two to a byte). Measured on all-MiniLM-L6-v2 (results/fp16_int4-2026-11-29-s2-minilm.md,
 worst-sample cosine over 32 held-out sentences, level 4): default 0.1586× weights, token
 0.987, sentence 0.984; the same without 8-bit layers 0.1426×, 0.982 / 0.975; session 1's
 default (RTN block 32 sym) 0.952 / 0.942; ONNX Runtime's MatMulNBitsQuantizer RTN 0.956 /
@@ -82,7 +87,7 @@ off (mtcnn_onet softmax max error 0.59 vs 0.0008).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -94,6 +99,7 @@ from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+from onnxslim_kit.runtime import give_back
 
 from . import _int4_awq, _int4_gptq, _int4_mixed, _int4_quant
 from ._graph import const_value, is_onnx_op, new_constant
@@ -227,7 +233,7 @@ class Int4Pass(Pass):
             rounds += 1
             for target in ready:
                 if target.key not in cache:
-                    qw = first.pop(target.key, None) or fresh.pop(target.key)
+                    qw = _codes(first.pop(target.key, None) or fresh.pop(target.key))
                     cache[target.key] = _encode(model, qw, target.dtype, fmt)
                     before += int(np.prod(target.shape)) * target.dtype.itemsize
                     after += cache[target.key][2]
@@ -391,9 +397,11 @@ def _hessian_rounds(model: Model, targets: list, ctx):
                 for n in batch:
                     x = sample[n] if n in graph_inputs else values[n]
                     hessians[n] = _int4_gptq.hessian_update(hessians.get(n), x)
-        del acts
+        acts = values = None  # the session (in the generator) and the last sample's tensors
+        give_back()  # the round's session and activations went back to malloc, which keeps them
         yield hessians
-        batch, used = [], 0
+        batch, used, hessians = [], 0, None
+        give_back()  # the caller's work on the round (GPTQ factors, copies), before the next session
 
 
 def _hessians(model: Model, targets: list, ctx) -> dict:
@@ -412,15 +420,26 @@ def _quantize_all(model: Model, targets: list, opts: dict, ctx, result: PassResu
     for t in targets:
         keys.setdefault(t.key, t)
     if not (opts["method"] == "gptq" or opts["search"]):
-        return {k: _quantize(t, opts, None, {}, result) for k, t in keys.items()}
+        return {k: _packed(_quantize(t, opts, None, {}, result)) for k, t in keys.items()}
     done = {}
     for hessians in _hessian_rounds(model, list(keys.values()), ctx):
         factors: dict = {}  # per input tensor: layers reading one input share H and its factor
         for k, t in keys.items():
             if k not in done and t.node.inputs[0].name in hessians:
-                done[k] = _quantize(t, opts, hessians[t.node.inputs[0].name], factors, result)
+                done[k] = _packed(_quantize(t, opts, hessians[t.node.inputs[0].name], factors, result))
         del factors, hessians
     return done
+
+
+def _packed(qw: _int4_quant.QuantizedWeight) -> _int4_quant.QuantizedWeight:
+    """``qw`` with its codes two to a byte (held until encoding: 64 layers of 1024×1024, 32 MB less)."""
+    return replace(qw, q=_int4_quant.pack_nibbles(qw.q))
+
+
+def _codes(qw: _int4_quant.QuantizedWeight) -> _int4_quant.QuantizedWeight:
+    """``qw`` with a code per byte (unpacks a :func:`_packed` result)."""
+    width = qw.n_blocks * qw.block_size
+    return qw if qw.q.shape[1] == width else replace(qw, q=_int4_quant.unpack_nibbles(qw.q, width))
 
 
 def _apply_awq(model: Model, targets: list, hessians: dict, opts: dict, result: PassResult) -> dict:
@@ -533,12 +552,13 @@ def _mixed(model: Model, targets: list, opts: dict, ctx, fmt: str, result: PassR
             int8 = (_int4_mixed.int8_bytes(t.shape, item) if fmt == "nbits"
                     else int(np.prod(t.shape)) + t.shape[0] * item)
             costs[t.weight.name] = (int4, int8)
-            candidates[t.weight.name] = lambda t=t: _stored_layout(t, _int4_quant.dequantize(first[t.key]))
+            candidates[t.weight.name] = lambda t=t: _stored_layout(t, _int4_quant.dequantize(_codes(first[t.key])))
     budget = int(opts["max_ratio"] * float_total) - int4_total
     if budget <= 0 or not candidates:
         result.notes.append(f"mixed precision: no 8-bit layer fits max_ratio={opts['max_ratio']}")
         return targets, first, (0, 0)
     losses = _int4_mixed.sensitivities(model.to_proto(), candidates, ctx.feed.take(min(opts["samples"], 16)))
+    give_back()  # the sensitivity session's run buffers
     chosen = _int4_mixed.select(costs, losses, budget)
     spent = [0, 0]
     for t in targets:

@@ -486,3 +486,25 @@ def test_gptq_hessians_in_small_rounds_give_the_same_model(monkeypatch):
     small_rounds, _ = int4(model, "method=gptq,max_ratio=0", samples=8)
     assert len(rounds) == 2 and all(len(r) == 1 for r in rounds)
     assert small_rounds.SerializeToString() == one_round.SerializeToString()
+
+
+def test_int4_results_held_packed_give_the_same_model(monkeypatch):
+    """The int4 results held for the mixed-precision choice keep their codes two to a byte: half
+    the bytes, unpacked exactly, and the model is byte for byte the one made from unpacked codes."""
+    qw = gq.quantize_gptq(RNG.standard_normal((24, 80)).astype(np.float32),
+                          gq.hessian_update(None, RNG.standard_normal((40, 80))), 16, False)
+    packed = int4_pass._packed(qw)
+    assert packed.q.nbytes * 2 == qw.q.nbytes
+    assert np.array_equal(int4_pass._codes(packed).q, qw.q) and int4_pass._codes(qw) is qw
+    assert np.array_equal(iq.dequantize(int4_pass._codes(packed)), iq.dequantize(qw))
+    k = 64
+    model = build("h = MatMul(x, W1)\nr = Relu(h)\ny = MatMul(r, W2)", f"float[8, {k}] x",
+                  {"W1": RNG.standard_normal((k, k)).astype(np.float32),
+                   "W2": RNG.standard_normal((k, k)).astype(np.float32)})
+    held, _ = int4(model, "method=gptq,max_ratio=0.25", samples=8)
+    bits = sorted(next((a.i for a in n.attribute if a.name == "bits"), 0) for n in held.graph.node
+                  if n.op_type == "MatMulNBits")
+    assert bits == [4, 8]  # one layer chosen from the held int4 results' losses, one encoded from them
+    monkeypatch.setattr(int4_pass, "_packed", lambda q: q)
+    unpacked, _ = int4(model, "method=gptq,max_ratio=0.25", samples=8)
+    assert held.SerializeToString() == unpacked.SerializeToString()
