@@ -152,3 +152,42 @@ def test_lossy_pass_on_generated_data_says_so():
     assert "generated random inputs" in report.table()
     _, lossless = onnxslim_kit.optimize(parse(MODEL), "fuse")
     assert "generated random inputs" not in lossless.table()
+
+
+def test_weights_a_pass_replaced_are_freed_when_the_run_returns(monkeypatch):
+    """The snapshot (a graph: a reference cycle) would keep the replaced array alive."""
+    import gc
+    import weakref
+
+    from onnxslim_kit import pipeline
+
+    monkeypatch.setattr(pipeline, "COLLECT_MIN_BYTES", 0)
+    big = np.arange(4096, dtype=np.float32).reshape(1, 4096)
+    proto = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Add", ["x", "b"], ["y"])], "g",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4096])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4096])],
+            [onnx.numpy_helper.from_array(big, "b")]),
+        opset_imports=[onnx.helper.make_opsetid("", 13)])
+    seen = []
+    original_run = _BreakBias.run
+
+    def spy(self, model, ctx):
+        for tensor in model.graph.tensors().values():
+            if isinstance(tensor, gs.Constant):
+                seen.append(weakref.ref(tensor.values))
+        return original_run(self, model, ctx)
+
+    monkeypatch.setattr(_BreakBias, "run", spy)
+    gc.collect()
+    gc.disable()  # only the pipeline's own collection may free it
+    try:
+        # the first pass leaves an array the second pass's snapshot holds
+        out, report = onnxslim_kit.optimize(
+            proto, passes="test_break_bias(lossy=true,factor=1.5),test_break_bias(lossy=true)")
+        alive = seen[1]() is not None
+    finally:
+        gc.enable()
+    assert not alive  # the array from before the pass is gone
+    assert len(seen) == 2 and not any(p.rolled_back for p in report.passes)
