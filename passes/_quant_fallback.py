@@ -60,7 +60,6 @@ for ``top1`` the agreement cannot reach the target even if all remaining rows ag
 
 from __future__ import annotations
 
-import ctypes
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -74,6 +73,7 @@ from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare
 from onnxslim_kit.runtime import (
     EXTERNAL_FOLDER,
+    give_back,
     make_session,
     prepare_feed,
     session_options,
@@ -84,25 +84,8 @@ from onnxslim_kit.streaming import set_location
 METRICS = ("cos", "top1")
 DECISION_CLASSES = 32  # Softmax outputs over at most this many classes are also judged by their decisions
 BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run as one batch
-BATCH_COUPLED = {"DynamicQuantizeLinear"}
-STAND_IN = "stand-in.bin"  # SharedWeights: the sparse file external stubs name  # ops whose result for one sample depends on the others
-
-
-try:
-    _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim  # glibc
-except (OSError, AttributeError):  # other C libraries: nothing to give back
-    _MALLOC_TRIM = None
-
-
-def give_back() -> None:
-    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; a no-op elsewhere).
-
-    The search's sessions run with ORT's arena off, so each run's intermediates go back to
-    malloc — which keeps them: blocks freed under the top of the heap stay resident, and
-    the resident size of the search crept up run after run (MiniLM gated ranking: +66 MB
-    over 47 runs, none of it in use)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+BATCH_COUPLED = {"DynamicQuantizeLinear"}  # ops whose result for one sample depends on the others
+STAND_IN = "stand-in.bin"  # SharedWeights: the sparse file external stubs name
 
 
 def run(session, sample: dict) -> dict:
