@@ -7,7 +7,8 @@ Before / after (``keep_io=true``, the default: the model's inputs and outputs st
 Which nodes run in float16 (:mod:`._fp16_plan` has the slot rules):
 
 1. static: nodes whose op schema allows float16 for their float32 type variables, minus
-   If/Loop/Scan (bodies stay float32), custom-domain ops, the default block list (``Range``,
+   If/Loop/Scan (bodies compute in float32; their weights are stored as float16 + Cast,
+   :mod:`._fp16_subgraph`, ``bodies=false`` to keep them), custom-domain ops, the default block list (``Range``,
    ``TopK``, ``NonMaxSuppression``, ``RoiAlign``, ``ArgMax/Min``, random generators, ``CumSum``,
    ``Resize``/``Upsample``/``GridSample``, ``Cast``/``CastLike``/``EyeLike``/``ConstantOfShape``;
    ``default_block=false`` drops it), the user's ``block_ops`` (op types separated by ``;``, ``|``
@@ -52,6 +53,7 @@ from onnxslim_kit.runtime import make_session, run
 
 from ._fp16_apply import apply, emulate
 from ._fp16_plan import CastModel, build_plan, merge_islands
+from ._fp16_subgraph import store_body_weights_fp16
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0
@@ -71,6 +73,7 @@ class Fp16Pass(Pass):
         "target": Option(str, "cos:0.999", "drift target vs the original: cos:X, rel:X or none"),
         "samples": Option(int, 8, "calibration samples for ranges and drift"),
         "merge_limit": Option(int, 4096, "max weight elements of a node moved to float32 to save Casts (-1: never)"),
+        "bodies": Option(bool, True, "store If/Loop/Scan body weights as float16 + Cast (the bodies compute in float32)"),
     }
 
     def is_lossless(self, options: dict) -> bool:
@@ -85,6 +88,8 @@ class Fp16Pass(Pass):
             re.compile(opts["block_names"])
         except re.error as exc:
             raise UserError(f"fp16(block_names=...): not a regular expression ({exc})") from None
+        if opts["bodies"] and store_body_weights_fp16(model, result):
+            model.commit()
         base = model.to_proto()
         samples = ctx.feed.take(opts["samples"])
         stats = _observe(base, samples)

@@ -219,3 +219,33 @@ def test_equal_converted_constants_are_shared():
     assert len(halves) == 2 and ops(out)["Cast"] == 2
     x = feeds(model)
     np.testing.assert_allclose(run_ort(out, x)[0], run_ort(model, x)[0], rtol=2e-3, atol=2e-3)
+
+
+def test_if_body_weights_stored_as_float16_once():
+    """Weights read inside both If branches become one float16 constant + a Cast per branch;
+    the branches compute in float32 on fp32(fp16(W)), so the outputs are the float32 model's
+    on the rounded weights; bodies=false leaves them float32."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((32, 32)).astype(np.float32)
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+q (float[4, 32] x, bool c) => (float[4, 32] y) <float[32, 32] W = {W}> {
+    y = If(c) <
+        then_branch = t () => (float[4, 32] a) { a = MatMul(x, W) },
+        else_branch = e () => (float[4, 32] b) { r = Relu(x)
+                                                 b = MatMul(r, W) }
+    >
+}""".replace("{W}", "{" + ", ".join(f"{v:.7g}" for v in w.ravel()) + "}")
+    model = onnx.parser.parse_model(text)
+    out, rep = fp16(model)
+    assert rep.rewrites["subgraph weight→float16 storage"] == 2  # one Cast per branch
+    halves = [t for t in out.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
+    for branch in out.graph.node[0].attribute:
+        halves += [t for t in branch.g.initializer if t.data_type == onnx.TensorProto.FLOAT16]
+    assert len(halves) == 1 and numpy_helper.to_array(halves[0]).tobytes() == w.astype(np.float16).tobytes()
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    rounded = w.astype(np.float16).astype(np.float32)
+    for cond, want in ((True, x @ rounded), (False, np.maximum(x, 0) @ rounded)):
+        got = run_ort(out, {"x": x, "c": np.array(cond)})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    kept, rep = fp16(model, "bodies=false")
+    assert "subgraph weight→float16 storage" not in rep.rewrites
