@@ -78,6 +78,17 @@ def _nodes(graph: gs.Graph, *ops: str):
             yield node
 
 
+def _pairs(graph: gs.Graph, op: str, *first_ops: str):
+    """(first, mid, second) for each live ``op`` node ``second`` whose data input ``mid`` is
+    written by a live node ``first`` of ``first_ops`` (default: the same op)."""
+    ids = {id(n) for n in graph.nodes}
+    for second in _nodes(graph, op):
+        mid = second.inputs[0]
+        first = mid.inputs[0] if len(mid.inputs) == 1 else None
+        if first is not None and first.outputs and id(first) in ids and is_onnx_op(first, *(first_ops or (op,))):
+            yield first, mid, second
+
+
 def _input(node: gs.Node, index: int):
     """Input ``index`` or None when absent or empty (an omitted optional input)."""
     if index < len(node.inputs) and not node.inputs[index].is_empty():
@@ -516,12 +527,7 @@ def remove_neutral_arithmetic(graph, model, result) -> int:
 def merge_transposes(graph, model, result) -> int:
     ensure_shapes(model, result)
     count = 0
-    ids = {id(n) for n in graph.nodes}
-    for second in _nodes(graph, "Transpose"):
-        mid = second.inputs[0]
-        first = mid.inputs[0] if len(mid.inputs) == 1 else None
-        if first is None or not first.outputs or id(first) not in ids or not is_onnx_op(first, "Transpose"):
-            continue
+    for first, mid, second in _pairs(graph, "Transpose"):
         p1, p2 = _perm(first), _perm(second)
         if p1 is None or p2 is None or len(p1) != len(p2):
             skip_once(model, result, second, "transpose∘transpose: rank unknown")
@@ -549,12 +555,7 @@ _ORDER_KEEPING = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 def merge_reshapes(graph, model, result) -> int:
     count = 0
-    ids = {id(n) for n in graph.nodes}
-    for second in _nodes(graph, "Reshape"):
-        mid = second.inputs[0]
-        first = mid.inputs[0] if len(mid.inputs) == 1 else None
-        if first is None or not first.outputs or id(first) not in ids or not is_onnx_op(first, *_ORDER_KEEPING):
-            continue
+    for first, mid, second in _pairs(graph, "Reshape", *_ORDER_KEEPING):
         if len(mid.outputs) != 1 or is_graph_output(mid, graph):
             skip_once(model, result, second, "reshape∘reshape: intermediate tensor has other readers")
             continue
@@ -584,12 +585,7 @@ def merge_unsqueezes(graph, model, result) -> int:
     ensure_shapes(model, result)
     count = 0
     opset = _opset(model)
-    ids = {id(n) for n in graph.nodes}
-    for second in _nodes(graph, "Unsqueeze"):
-        mid = second.inputs[0]
-        first = mid.inputs[0] if len(mid.inputs) == 1 else None
-        if first is None or not first.outputs or id(first) not in ids or not is_onnx_op(first, "Unsqueeze"):
-            continue
+    for first, mid, second in _pairs(graph, "Unsqueeze"):
         if len(mid.outputs) != 1 or is_graph_output(mid, graph):
             skip_once(model, result, second, "unsqueeze∘unsqueeze: intermediate tensor has other readers")
             continue
