@@ -10,8 +10,8 @@ there on no whole-model copy of the weights is made:
    pass that reads a weight touches that weight only;
 2. ``Model.to_proto`` exports an unchanged mapped constant as its anchored stub again
    (:func:`unmap_constants`), so a proto of a model larger than memory stays small;
-3. ONNX Runtime sessions (:func:`onnxslim_kit.runtime.make_session`) get anchored tensors as
-   mapped arrays through ``add_external_initializers`` (ORT uses the buffer, no copy);
+3. ONNX Runtime sessions (:func:`onnxslim_kit.runtime.make_session`) map anchored tensors
+   from their own files (the session's external-initializer folder), so nothing is copied;
 4. :func:`write_external` writes the output tensor by tensor: anchored tensors are copied
    from their source file in chunks, in-memory ones one at a time — the output's data file
    grows incrementally, no serialized copy of the model is ever built.

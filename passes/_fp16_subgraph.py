@@ -21,12 +21,11 @@ import onnx_graphsurgeon as gs
 
 MIN_ELEMENTS = 64
 MAX_REL_ERROR = 1e-3
-FP16_MAX = 65504.0
+FP16_MAX = float(np.finfo(np.float16).max)
 
 
 def _why_not(values: np.ndarray) -> str | None:
-    if values.dtype != np.float32 or values.size < MIN_ELEMENTS:
-        return "small or not float32"
+    """Why a float32 weight of at least ``MIN_ELEMENTS`` stays float32 (None: it converts)."""
     if not np.all(np.isfinite(values)) or np.abs(values).max() > FP16_MAX:
         return "subgraph weight: overflows float16"
     half = values.astype(np.float16).astype(np.float32)
@@ -50,10 +49,11 @@ def store_body_weights_fp16(model, result) -> int:
                     continue
                 if id(tensor) not in casts:
                     values = np.asarray(tensor.values)
-                    reason = _why_not(values)
-                    if reason is not None:
+                    small = values.dtype != np.float32 or values.size < MIN_ELEMENTS
+                    reason = None if small else _why_not(values)
+                    if small or reason:
                         casts[id(tensor)] = None
-                        if reason != "small or not float32":
+                        if reason:
                             result.skip(reason)
                         continue
                     if id(tensor) not in halves:

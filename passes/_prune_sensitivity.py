@@ -40,7 +40,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from onnxslim_kit.activations import with_outputs
 from onnxslim_kit.runtime import make_session, run
 
 from ._prune_apply import expand
@@ -112,7 +111,7 @@ class LossProbe:
         self.cg = cg
         proto, self.inputs = masked_model(teacher, cg)
         self.measured = measured_tensors(proto)
-        self.session = make_session(with_outputs(proto, self.measured), opt_level="all", threads=1)
+        self.session = make_session(proto, opt_level="all", threads=1, extra_outputs=self.measured)
         self.samples = samples
         self.means = {name: expand(stats[name][0], cg.layouts[name]).astype(np.float32) for name in self.inputs}
         self.units = {name: expand(cg.units_of(name), cg.layouts[name]) for name in self.inputs}

@@ -68,11 +68,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
-from onnxslim_kit.activations import with_outputs
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare
 from onnxslim_kit.runtime import (
     EXTERNAL_FOLDER,
+    add_outputs,
     give_back,
     make_session,
     prepare_feed,
@@ -221,8 +221,11 @@ def activations(model, names: list, samples, lazy: bool = False):
     shared = SharedWeights(model.graph)
     trial = trial_copy(model)
     shared.strip(trial.graph)
-    session = shared.session(with_outputs(trial.to_proto(), names))
-    wanted = [n for n in dict.fromkeys(names)]
+    proto = trial.to_proto()
+    add_outputs(proto, names)  # a fresh proto without the shared weights: no copy needed
+    session = shared.session(proto)
+    wanted = list(dict.fromkeys(names))
+    keep = set(wanted)
     for sample in samples:
         if lazy:
             feed = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
@@ -232,7 +235,7 @@ def activations(model, names: list, samples, lazy: bool = False):
             del values
             give_back()
         else:
-            yield {k: v for k, v in run(session, sample).items() if k in set(wanted)}
+            yield {k: v for k, v in run(session, sample).items() if k in keep}
     del session
     give_back()
 
