@@ -47,7 +47,7 @@ import onnx_graphsurgeon as gs
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare, merge
-from onnxslim_kit.model import Model
+from onnxslim_kit.model import Model, model_size_bytes
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 from onnxslim_kit.runtime import make_session, run
 
@@ -88,8 +88,11 @@ class Fp16Pass(Pass):
             re.compile(opts["block_names"])
         except re.error as exc:
             raise UserError(f"fp16(block_names=...): not a regular expression ({exc})") from None
-        if opts["bodies"] and store_body_weights_fp16(model, result):
-            model.commit()
+        size_before = None  # the report's size ratio covers the body weights too
+        if opts["bodies"] and len(list(model.all_graphs())) > 1:
+            size_before = model_size_bytes(model.to_proto())
+            if store_body_weights_fp16(model, result):
+                model.commit()
         base = model.to_proto()
         samples = ctx.feed.take(opts["samples"])
         stats = _observe(base, samples)
@@ -107,6 +110,8 @@ class Fp16Pass(Pass):
                 result.skip(info.reason)
         if not half0:
             result.notes.append("no node can run in float16")
+            if size_before:
+                result.metrics["size_ratio"] = round(model_size_bytes(base) / size_before, 4)
             return result
 
         search = _Search(base, plan_args, opts, samples, ctx.original, target)
@@ -125,18 +130,20 @@ class Fp16Pass(Pass):
         result.skip("float32 to save Casts (island merge)", len(half0) - len(dropped) - len(best.half))
         if not best.half:
             result.notes.append("every candidate node had to stay float32")
+            if size_before:
+                result.metrics["size_ratio"] = round(model_size_bytes(base) / size_before, 4)
             return result
         final, casts = search.build(best)
         model.graph = final.graph
         model.commit()
         result.rewrite("node→float16", len(best.half))
         result.rewrite("Cast inserted", casts)
-        self._report(result, base, final.to_proto(), best, casts, search, infos)
+        self._report(result, size_before or model_size_bytes(base), final.to_proto(), best, casts, search, infos)
         return result
 
     @staticmethod
-    def _report(result, base, proto, best, casts, search, infos) -> None:
-        ratio = proto.ByteSize() / base.ByteSize()
+    def _report(result, bytes_before, proto, best, casts, search, infos) -> None:
+        ratio = model_size_bytes(proto) / bytes_before  # external data counted (streamed models)
         no_kernel = _no_cpu_fp16_kernel([infos[k].node.op for k in best.half])
         result.metrics.update(
             size_ratio=round(ratio, 4), casts=casts, nodes_float16=len(best.half),

@@ -249,3 +249,25 @@ q (float[4, 32] x, bool c) => (float[4, 32] y) <float[32, 32] W = {W}> {
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     kept, rep = fp16(model, "bodies=false")
     assert "subgraph weight→float16 storage" not in rep.rewrites
+
+
+def test_size_ratio_counts_body_weights():
+    """The pass's size_ratio is measured against the model before the body weights were
+    converted: a model whose only weights sit in If bodies reports about half its bytes."""
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+q (float[4, 64] x, bool c) => (float[4, 64] y) {
+    y = If(c) <
+        then_branch = t () => (float[4, 64] a) { a = Relu(x) },
+        else_branch = e () => (float[4, 64] b) { r = Relu(x)
+                                                 b = Mul(r, r) }
+    >
+}""")
+    model.graph.node[0].attribute[0].g.initializer.append(numpy_helper.from_array(w, "W"))
+    model.graph.node[0].attribute[0].g.node[0].input[0] = "x"
+    then = model.graph.node[0].attribute[0].g
+    then.node[0].op_type, then.node[0].input[:] = "MatMul", ["x", "W"]
+    out, rep = fp16(model)
+    assert rep.rewrites["subgraph weight→float16 storage"] == 1
+    assert 0.45 < rep.metrics["size_ratio"] < 0.6
