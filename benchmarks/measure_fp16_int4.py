@@ -5,7 +5,7 @@
 
 Sections (results in ``benchmarks/results/fp16_int4-<UTC date>.md``, written after each one):
 
-``fp16``   ``fp16`` and ``fuse,fp16`` on the conv models: file size vs the original, worst output
+``fp16``   ``fp16``, ``fuse,fp16`` (and with ``compact``) on the conv models: file size vs the original, worst output
            cosine over the evaluation samples, NaN/Inf where float32 had none, paired latency.
 ``int4``   per model (MiniLM, PP-OCRv4 rec, MTCNN ONet): our int4 variants, ONNX Runtime's
            ``MatMulNBitsQuantizer`` (C++ RTN, Python RTN, GPTQ) and our ``dynamic`` int8 — MatMul
@@ -39,6 +39,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 FP16_MODELS = ["ppocrv4_det", "ppocr_cls_v2", "orientation"]
+FP16_PIPELINES = ["fp16", "fuse,fp16", "fp16,compact", "fuse,fp16,compact"]
 INT4_MODELS = ["minilm_l6", "ppocrv4_rec", "mtcnn_onet"]
 CALIB_SENTENCES = HERE / "data" / "calib_sentences.txt"
 OURS_INT4 = [  # the default (GPTQ act_order asym block 64, H-weighted range search, 8-bit layers within 0.16×)
@@ -54,6 +55,7 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--sections", default="fp16,int4,gptq,stream", help="comma list")
     parser.add_argument("--fp16-models", default=",".join(FP16_MODELS))
     parser.add_argument("--int4-models", default=",".join(INT4_MODELS))
+    parser.add_argument("--fp16-pipelines", nargs="*", default=FP16_PIPELINES, help="our fp16 pipelines")
     parser.add_argument("--ours", nargs="*", default=OURS_INT4, help="our int4 pipelines")
     parser.add_argument("--calib", type=int, default=16, help="calibration samples from inputs.py (default 16)")
     parser.add_argument("--eval", type=int, default=16, help="evaluation samples (default 16; MiniLM: 32)")
@@ -209,7 +211,7 @@ def section_fp16(args) -> list:
     for name in args.fp16_models.split(","):
         original, data = model_data(name, args)
         variants, seconds, notes = {}, {}, {}
-        for spec in ("fp16", "fuse,fp16"):
+        for spec in args.fp16_pipelines:
             variants[spec], seconds[spec], notes[spec] = run_ours(original, spec, data.calib)
         for spec, proto, f, task, lat in measured(original, variants, data, args):
             lines.append(f"| {name} | `{spec}` | {proto.ByteSize() / original.ByteSize():.4f} | {worst_cosine(f)} | "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -141,6 +142,10 @@ class Model:
         their values); such a proto cannot be run or saved."""
         for g in self.all_graphs():
             unmap_constants(g)  # unchanged weights on disk are exported as references, not bytes
+        with source_names_kept(self.all_graphs()):
+            return self._to_proto(weights)
+
+    def _to_proto(self, weights: bool) -> onnx.ModelProto:
         if not weights:
             with weightless(self.all_graphs()):
                 return self._export()
@@ -163,12 +168,13 @@ class Model:
         if len(list(self.all_graphs())) != 1:
             return self.to_proto(), None
         unmap_constants(self.graph)
-        with weightless([self.graph], min_bytes=1024, floats_only=False) as swapped:
-            proto = self._export()
-        # kept in the proto: int32/int64 tensors (shape inference, the checker's, reads their
-        # values) and types whose proto bytes are not the array's (int4 is packed, bfloat16…)
-        kept = [(t, v) for t, v in swapped if np.dtype(t.dtype) not in _SPILLED]
-        fill_weights(proto, kept)
+        with source_names_kept([self.graph]):
+            with weightless([self.graph], min_bytes=1024, floats_only=False) as swapped:
+                proto = self._export()
+            # kept in the proto: int32/int64 tensors (shape inference, the checker's, reads their
+            # values) and types whose proto bytes are not the array's (int4 is packed, bfloat16…)
+            kept = [(t, v) for t, v in swapped if np.dtype(t.dtype) not in _SPILLED]
+            fill_weights(proto, kept)
         return proto, {t.name: v for t, v in swapped if np.dtype(t.dtype) in _SPILLED}
 
     def _export(self) -> onnx.ModelProto:
@@ -231,6 +237,24 @@ class Model:
                 graph.cleanup(remove_unused_graph_inputs=False)
             count += converted
         return count
+
+
+@contextmanager
+def source_names_kept(graphs):
+    """onnx-graphsurgeon exports a constant that still holds its source tensor (lazy values)
+    by renaming that source to the constant's name; for a renamed constant (``compact``) that
+    would rename a tensor of the caller's input proto. The sources' names are put back after."""
+    sources = []
+    for graph in graphs:
+        for tensor in graph.tensors().values():
+            source = getattr(getattr(tensor, "_values", None), "tensor", None)
+            if isinstance(source, onnx.TensorProto) and source.name != tensor.name:
+                sources.append((source, source.name))
+    try:
+        yield
+    finally:
+        for source, name in sources:
+            source.name = name
 
 
 _SPILLED = {d for d in NUMPY_DTYPES.values() if d not in (np.dtype(np.int64), np.dtype(np.int32))}

@@ -5,8 +5,9 @@ A pass is a class with a ``name`` (its registry key, file name and CLI word), de
 pipeline then
 
 1. calls ``model.commit()`` (dead-code removal, topological order),
-2. verifies the result against the *original* model (onnx checker, ONNX Runtime with its
-   own optimisations off, on the sample inputs),
+2. verifies the result (onnx checker, ONNX Runtime with its own optimisations off, on the
+   sample inputs): a lossy pass against the *original* model, a lossless one against the
+   model before it,
 3. for a lossless pass whose outputs moved beyond tolerance: restores the model from before
    the pass, records it, and under ``strict`` raises :class:`VerificationError`;
    for a lossy pass: records the drift (cosine, max abs, top-1 agreement).
@@ -253,7 +254,8 @@ def run_pipeline(
             metrics=dict(result.metrics), seconds=round(elapsed, 3), before=good_stats,
         )
         if result.modified and verifier is not None:
-            log(f"{instance.name}: verifying against the original with ONNX Runtime")
+            against = "the model before it" if lossless else "the original"
+            log(f"{instance.name}: verifying against {against} with ONNX Runtime")
             # the model itself, not its proto: no whole-model copy beside the session
             check = verifier.check(model, lossless=lossless)
             entry.verification = check.to_dict()
@@ -268,6 +270,8 @@ def run_pipeline(
                     )
                 continue
         # accepted: the weights the pass replaced (held by the snapshot) go before the export
+        if verifier is not None:
+            verifier.accept()
         snapshot = None
         release(big)
         candidate = model.to_proto()

@@ -118,11 +118,12 @@ def _verification_cell(entry: PassReport) -> str:
     if v is None:
         return "not verified"
     outs = v.get("outputs") or {}
+    against = " vs the pass before" if v.get("against") == "previous" else ""
     if entry.rolled_back:
-        return f"ROLLED BACK: {v.get('message') or _drift_text(outs)}"
+        return f"ROLLED BACK{against}: {v.get('message') or _drift_text(outs)}"
     if v["status"] == "unverified":
         return "checker only (ORT cannot run original)"
-    return f"{v['status']}: {_drift_text(outs)}"
+    return f"{v['status']}{against}: {_drift_text(outs)}"
 
 
 def _drift_text(outs: dict) -> str:

@@ -56,9 +56,11 @@ class Check:
     status: str
     outputs: dict = field(default_factory=dict)  # output name -> Drift dict
     message: str = ""
+    against: str = "original"  # or "previous": the last accepted model, after a lossy pass
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "message": self.message, "outputs": self.outputs}
+        return {"status": self.status, "message": self.message, "outputs": self.outputs,
+                "against": self.against}
 
     def summary(self) -> str:
         if self.message:
@@ -69,20 +71,25 @@ class Check:
 
 
 class Verifier:
-    """Holds the original's outputs on the samples; checks candidates against them."""
+    """Holds the original's outputs on the samples; checks candidates against them.
+
+    A lossy candidate is compared with the original (the drift adds up over the passes); a
+    lossless one with the last accepted model (:meth:`accept`): ``fp16,compact`` must show
+    ``compact`` changed nothing, not fail it for the drift ``fp16`` already made."""
 
     def __init__(self, original: onnx.ModelProto, samples: list, rtol: float = 1e-4):
         self.samples = samples
         self.rtol = rtol
         self.original_check = checker_error(original)
         self.reference, self.runtime_error = None, None
+        self.accepted = self._last = None  # outputs of the last accepted / last checked model
         try:
             session = _session(original)
         except Exception as exc:  # noqa: BLE001 - ORT raises its own types
             self.runtime_error = _first_line(exc)
             return
         try:
-            self.reference = _run_all(session, samples)
+            self.reference = self.accepted = _run_all(session, samples)
         except Exception as exc:  # noqa: BLE001
             raise UserError(
                 f"ONNX Runtime loads the original model but cannot run it on the sample inputs "
@@ -97,6 +104,7 @@ class Verifier:
         """``candidate``: a proto, or a :class:`Model` — checked and run without exporting its
         weights (:meth:`Model.session_proto`; no whole-model proto held beside the session)."""
         arrays = None
+        self._last = None
         if isinstance(candidate, Model):
             candidate, arrays = candidate.session_proto()
         if self.original_check is None:
@@ -116,15 +124,21 @@ class Verifier:
             del session
             give_back()
         outputs, ok = {}, True
-        for name in self.reference[0]:
+        reference = self.accepted if lossless else self.reference
+        for name in reference[0]:
             if name not in results[0]:
                 return Check("invalid", message=f"output {name!r} disappeared")
-            drift = merge([compare(ref[name], res[name]) for ref, res in zip(self.reference, results)])
+            drift = merge([compare(ref[name], res[name]) for ref, res in zip(reference, results)])
             outputs[name] = drift.to_dict()
             ok = ok and within_tolerance(drift, self.rtol)
-        if ok:
-            return Check("ok", outputs)
-        return Check("failed" if lossless else "drift", outputs)
+        self._last = results
+        against = "original" if reference is self.reference else "previous"
+        return Check("ok" if ok else "failed" if lossless else "drift", outputs, against=against)
+
+    def accept(self) -> None:
+        """The model last checked was accepted: later lossless passes are compared with it."""
+        if self._last is not None:
+            self.accepted, self._last = self._last, None
 
 
 def _session(proto: onnx.ModelProto, arrays: dict | None = None):

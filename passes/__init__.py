@@ -15,4 +15,5 @@ BUILTIN_PASSES = [
     "dynamic",
     "fp16",
     "int4",
+    "compact",
 ]

@@ -105,6 +105,18 @@ def test_lossy_pass_records_drift_and_keeps_result():
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(bias), [2, 4, 6, 8])
 
 
+def test_lossless_pass_after_a_lossy_one_is_checked_against_the_pass_before():
+    """After a lossy pass, an exact lossless pass is accepted (compared with the model it got,
+    not failed for the drift already made), and a lossless pass that changes the outputs
+    further is still rolled back."""
+    proto, report = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=true),test_break_bias(factor=1.0)")
+    assert not report.passes[1].rolled_back
+    assert report.passes[1].verification["against"] == "previous"
+    _, report = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=true),test_break_bias(factor=3.0)")
+    assert report.passes[1].rolled_back and report.passes[1].verification["status"] == "failed"
+    assert "vs the pass before" in report.table()
+
+
 def test_invalid_result_is_rolled_back_even_for_lossy_pass():
     proto, report = onnxslim_kit.optimize(parse(MODEL), "test_break_graph")
     assert report.passes[0].rolled_back
