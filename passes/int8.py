@@ -66,6 +66,7 @@ from . import _quant_plan as plan_mod
 from . import _quant_smooth as smooth_mod
 from ._quant_cle import equalize
 from ._quant_correct import measure_twins
+from ._quant_bodies import restore_body_weights, store_body_weights
 from ._quant_fallback import (
     Scorer,
     SharedWeights,
@@ -167,6 +168,8 @@ class Int8Pass(Pass):
         "max_range": Option(float, 1e4, "keep tensors with calibrated |x| above this float (0: off)"),
         "heads": Option(bool, True, "keep inputs of Sigmoid/Softmax decision heads float"),
         "log": Option(bool, True, "keep tensors feeding a Log (spectra) float"),
+        "bodies": Option(bool, True, "store If/Loop/Scan body weights (Conv/MatMul/Gemm/RNN) as int8 + Cast + Mul, "
+                         "float compute, kept when the target holds (the bodies are not calibrated)"),
         "concat_ratio": Option(float, 16.0, "keep Concat outputs float when input ranges differ more (0: off)"),
     }
 
@@ -185,6 +188,7 @@ class Int8Pass(Pass):
         if not self._layers(model, opts, first_look):  # decided before any opset upgrade
             result.skipped.update(first_look.skipped)
             result.skip("no layer to quantize")
+            self._store_body_weights(model, ctx, target, result)
             return result
         per_channel = self._prepare_opset(model, opts["per_channel"], result)
         if per_channel is None:
@@ -192,19 +196,34 @@ class Int8Pass(Pass):
         if opts["cle"]:
             result.metrics["cle_pairs"] = equalize(model.graph, result)
         layers = self._layers(model, opts, result)
+        # the reference outputs first: the original's session is gone before calibration starts
+        scorer = Scorer(ctx.original, self._eval_samples(ctx), target[0]) \
+            if opts["fallback"] and target is not None else None
         start = time.perf_counter()  # the calibration phase: smoothing peaks, activation ranges
         groups = smooth_mod.smoothable(layers) if opts["smooth"] > 0 else {}
         stats, peaks, kept = self._calibrate(model, layers, ctx, sorted(groups))
+        # the same layers after smoothing, their inputs rewired (smooth updates them)
         unsmoothed = smooth_mod.smooth(model, groups, peaks, opts["smooth"], result) if groups else {}
         if unsmoothed:
-            layers = self._layers(model, opts, PassResult())  # the same layers, rewired inputs
             if kept is None:  # the inputs were too large to keep: a second run over the samples
                 stats = self._calibrate(model, layers, ctx)[0]
             else:
                 stats.update(smooth_mod.smoothed_stats(model.graph, kept))
         del kept  # the kept activations (up to KEEP_BYTES) are not needed past here: not held through the search
+        result.metrics["seconds_calibration"] = time.perf_counter() - start  # the plan's time added next
+        try:
+            return self._quantize(model, ctx, result, layers, stats, unsmoothed, per_channel, scorer, target, ladder)
+        finally:
+            smooth_mod.realize(model.graph)  # smoothed weights still read (a layer kept float) get arrays
+
+    def _quantize(self, model, ctx, result, layers, stats, unsmoothed, per_channel, scorer, target,
+                  ladder) -> PassResult:
+        """Steps 6–10 on the calibrated (and smoothed) model."""
+        opts = ctx.options
+        start = time.perf_counter()
         plan = self._plan(model, layers, stats, opts, per_channel, result)
-        result.metrics["seconds_calibration"] = round(time.perf_counter() - start, 2)
+        result.metrics["seconds_calibration"] = round(result.metrics.pop("seconds_calibration")
+                                                      + time.perf_counter() - start, 2)
         start = time.perf_counter()
         for spec in plan.layers:
             spec.unsmoothed = unsmoothed.get(spec.name)
@@ -216,9 +235,10 @@ class Int8Pass(Pass):
             result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
         enabled = {spec.name for spec in plan.layers}
         rungs = self._rungs(plan, ladder)
-        if opts["fallback"] and target is not None and enabled:
+        if scorer is not None and enabled:
             start = time.perf_counter()
-            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, ctx, result, sensitivity)
+            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, scorer, ctx, result,
+                                            sensitivity)
             result.metrics["seconds_fallback"] = round(time.perf_counter() - start, 2)
         else:
             rungs = {}
@@ -230,7 +250,25 @@ class Int8Pass(Pass):
                             result)
         result.metrics["layers_int8"] = len(enabled)
         result.metrics["layers_float"] = len(plan.layers) - len(enabled) - len(rungs)
+        self._store_body_weights(model, ctx, target, result)
         return result
+
+    def _store_body_weights(self, model, ctx, target, result) -> None:
+        """If/Loop/Scan body weights stored int8, float compute (:mod:`._quant_bodies`), kept
+        only when the whole model still meets the target."""
+        if not ctx.options["bodies"]:
+            return
+        trial = PassResult()
+        undo = store_body_weights(model, trial)
+        if undo and target is not None:
+            metric, value = target
+            score = Scorer(ctx.original, self._eval_samples(ctx), metric)(model.to_proto())
+            if score < value:
+                restore_body_weights(undo)
+                result.skip(f"body weights kept float: int8 storage scores {metric} {score:.4f} < {value}", len(undo))
+                return
+        for label, count in trial.rewrites.items():
+            result.rewrite(label, count)
 
     # --- steps ---------------------------------------------------------------------------
     def _prepare_opset(self, model, per_channel: bool, result):
@@ -353,13 +391,12 @@ class Int8Pass(Pass):
     def _eval_samples(ctx) -> list:
         return ctx.feed.take(max(1, ctx.options["eval_samples"]))
 
-    def _fallback(self, model, plan, enabled, rungs, target, ctx, result, sensitivity) -> tuple:
+    def _fallback(self, model, plan, enabled, rungs, target, scorer, ctx, result, sensitivity) -> tuple:
         """(layers left static int8, ``{layer: rung}`` of the layers on a ladder rung): the
         smallest fallback that meets the target (:func:`._quant_fallback.choose_fallback`)."""
         metric, value = target
-        samples = self._eval_samples(ctx)
-        shared = SharedWeights(model.graph)
-        scorer = Scorer(ctx.original, samples, metric, shared)
+        samples = scorer.samples
+        shared = scorer.shared = SharedWeights(model.graph)
 
         def build(assign: dict):
             trial = trial_copy(model)
