@@ -332,23 +332,41 @@ def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) 
     if external_data is None:
         external_data = needs_external_data(proto) or has_anchored(proto)
     tmpdir = Path(tempfile.mkdtemp(prefix=".slim-", dir=path.parent))
+    data_path = path.parent / (path.name + ".data")
+    stale = data_path if refers_to(path, data_path.name) else None  # the previous output's weights
     try:
         tmp_model = tmpdir / path.name
-        if external_data:
-            data_name = path.name + ".data"
-            if write_external(proto, tmp_model, data_name):  # no data file when every tensor is small
-                _retire_previous(path, tmpdir)
-                os.replace(tmpdir / data_name, path.parent / data_name)
-        else:
+        if external_data and write_external(proto, tmp_model, data_path.name):  # none when all are small
+            _retire_previous(path, tmpdir)
+            os.replace(tmpdir / data_path.name, data_path)
+            stale = None
+        elif not external_data:
             with open(tmp_model, "wb") as fh:
                 write_serialized(proto, fh)  # = SerializeToString(), without the whole buffer
         os.replace(tmp_model, path)
+        if stale is not None and stale.exists():
+            stale.unlink()  # the output it belonged to is replaced by one that does not use it
     finally:
         for leftover in tmpdir.iterdir() if tmpdir.exists() else []:
             leftover.unlink()
         if tmpdir.exists():
             tmpdir.rmdir()
     return path
+
+
+def refers_to(model_path: Path, data_name: str, chunk: int = 1 << 20) -> bool:
+    """Whether the model file at ``model_path`` names ``data_name`` (an external-data location:
+    protobuf stores it as plain bytes), read in chunks, never parsed whole."""
+    if not model_path.is_file():
+        return False
+    needle = data_name.encode()
+    tail = b""
+    with open(model_path, "rb") as fh:
+        while block := fh.read(chunk):
+            if needle in tail + block:
+                return True
+            tail = block[-len(needle):]
+    return False
 
 
 def _retire_previous(path: Path, tmpdir: Path) -> None:

@@ -107,6 +107,29 @@ def test_external_data_round_trip(tmp_path):
         load_proto(path)
 
 
+def test_rewriting_an_output_inline_removes_its_old_data_file(tmp_path):
+    """An output first written with external data, then inline, leaves no stale ``.data``;
+    a ``.data`` file the old output did not name is left alone."""
+    big = np.arange(4096, dtype=np.float32)
+    proto = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Add", ["x", "w"], ["y"])], "g",
+            [onnx.helper.make_tensor_value_info("x", 1, [4096])],
+            [onnx.helper.make_tensor_value_info("y", 1, [4096])],
+            [onnx.numpy_helper.from_array(big, "w")],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 13)],
+    )
+    path = save_proto(proto, tmp_path / "out.onnx", external_data=True)
+    assert (tmp_path / "out.onnx.data").exists()
+    save_proto(proto, path, external_data=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(load_proto(path).graph.initializer[0]), big)
+    (tmp_path / "out.onnx.data").write_bytes(b"someone else's file")
+    save_proto(proto, path, external_data=False)
+    assert (tmp_path / "out.onnx.data").read_bytes() == b"someone else's file"
+
+
 def test_subgraphs_are_visited():
     text = """
     <ir_version: 8, opset_import: ["" : 13]>
