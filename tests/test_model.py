@@ -86,17 +86,22 @@ def test_save_is_atomic_and_leaves_no_temp(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
 
 
-def test_external_data_round_trip(tmp_path):
-    big = np.arange(4096, dtype=np.float32)
-    proto = onnx.helper.make_model(
+def add_model(weight: np.ndarray) -> onnx.ModelProto:
+    """``y = x + w`` with a 1-D weight."""
+    return onnx.helper.make_model(
         onnx.helper.make_graph(
             [onnx.helper.make_node("Add", ["x", "w"], ["y"])], "g",
-            [onnx.helper.make_tensor_value_info("x", 1, [4096])],
-            [onnx.helper.make_tensor_value_info("y", 1, [4096])],
-            [onnx.numpy_helper.from_array(big, "w")],
+            [onnx.helper.make_tensor_value_info("x", 1, [weight.size])],
+            [onnx.helper.make_tensor_value_info("y", 1, [weight.size])],
+            [onnx.numpy_helper.from_array(weight, "w")],
         ),
         opset_imports=[onnx.helper.make_opsetid("", 13)],
     )
+
+
+def test_external_data_round_trip(tmp_path):
+    big = np.arange(4096, dtype=np.float32)
+    proto = add_model(big)
     path = save_proto(proto, tmp_path / "ext.onnx", external_data=True)
     assert (tmp_path / "ext.onnx.data").stat().st_size >= big.nbytes
     assert proto.graph.initializer[0].HasField("raw_data")  # the caller's proto is left as it was
@@ -111,15 +116,7 @@ def test_rewriting_an_output_inline_removes_its_old_data_file(tmp_path):
     """An output first written with external data, then inline, leaves no stale ``.data``;
     a ``.data`` file the old output did not name is left alone."""
     big = np.arange(4096, dtype=np.float32)
-    proto = onnx.helper.make_model(
-        onnx.helper.make_graph(
-            [onnx.helper.make_node("Add", ["x", "w"], ["y"])], "g",
-            [onnx.helper.make_tensor_value_info("x", 1, [4096])],
-            [onnx.helper.make_tensor_value_info("y", 1, [4096])],
-            [onnx.numpy_helper.from_array(big, "w")],
-        ),
-        opset_imports=[onnx.helper.make_opsetid("", 13)],
-    )
+    proto = add_model(big)
     path = save_proto(proto, tmp_path / "out.onnx", external_data=True)
     assert (tmp_path / "out.onnx.data").exists()
     save_proto(proto, path, external_data=False)
