@@ -6,19 +6,26 @@ Modes (chosen by the options):
   read (all-zero filters, possibly with a bias ``b`` → ``f(b)`` after activations) are removed
   from every tensor of their dependency group; their constant contribution moves into the
   consumers' biases (:mod:`._prune_strip`, :mod:`._prune_apply`).
-* ``ratio=r`` — structured pruning: remove the fraction ``r`` of the prunable channel units with
-  the lowest importance (``criterion``, default ``taylor``, :mod:`._prune_importance`; with
-  ``cost=macs`` per unit of compute, with ``cost=latency`` per millisecond of ONNX Runtime time
-  measured node by node, :mod:`._prune_latency`), per group (``scope=layer``) or ranked over
-  the whole model (``scope=global``), keeping at least ``min_channels`` and a multiple of
-  ``multiple`` per group, cutting no group by more than ``max_ratio`` nor (``max_loss``) by
-  more than a share of its importance mass (:mod:`._prune_ratio`); with ``alloc=sensitivity``
-  the same compute is removed but spread over the groups by the measured loss of the model's
-  outputs per saved MAC (or millisecond) instead (:mod:`._prune_sensitivity`); the removed channels'
-  means move into the consumers' biases, then the consumers are re-fitted by ridge least
-  squares toward their pruned weights against the model before pruning, the ridge strength
-  chosen on held-out calibration samples (``refit``, :mod:`._prune_refit`; one teacher run,
-  truncated student runs, :mod:`._prune_student`), on ``samples`` calibration samples.
+* ``ratio=r`` — structured pruning. **What ``r`` means:** the pruned model has lost at least the
+  fraction ``r`` of the *prunable compute* (the MACs of the Conv/Gemm/MatMul channels that can be
+  cut, counted with channel counts rounded up to blocks of ``multiple`` as ONNX Runtime's CPU
+  kernels compute them; with ``cost=latency`` the measured milliseconds of the nodes those channels
+  touch), and at least what the fraction ``r`` of the prunable channel units with the lowest
+  importance carries — whichever is more (the least important channels can sit in the costly
+  layers, then more than ``r`` goes). With ``alloc=sensitivity`` (default) that budget is spread
+  over the groups by the measured loss of the model's outputs per saved cost and checked against
+  the ranked selection (:mod:`._prune_sensitivity`, :mod:`._prune_cost`); with ``alloc=rank`` the
+  fraction ``r`` of the prunable units with the lowest importance (``criterion``, default
+  ``taylor``, :mod:`._prune_importance`; with ``cost=macs`` per unit of compute, with
+  ``cost=latency`` per millisecond of ONNX Runtime time measured node by node,
+  :mod:`._prune_latency`) are cut, per group (``scope=layer``) or ranked over the whole model
+  (``scope=global``). Either way at least ``min_channels`` and a multiple of ``multiple`` stay
+  per group, no group is cut by more than ``max_ratio`` nor (``max_loss``) by more than a share
+  of its importance mass (:mod:`._prune_ratio`). The removed channels' means move into the
+  consumers' biases, then the consumers are re-fitted by ridge least squares toward their pruned
+  weights against the model before pruning, the ridge strength chosen on held-out calibration
+  samples (``refit``, :mod:`._prune_refit`; one teacher run, truncated student runs,
+  :mod:`._prune_student`), on ``samples`` calibration samples.
 * ``sparsity=s`` / ``nm=N:M`` — unstructured / N:M magnitude sparsity on Conv/Gemm/MatMul
   weights (:mod:`._prune_sparsity`); the file compresses better, inference is not faster.
 
@@ -29,6 +36,13 @@ description to the notes. Strip always runs first (also with ``ratio``).
 Concrete tensor shapes, needed to see through Reshape/Flatten and Resize, come from one
 ONNX Runtime run of the model on the first calibration sample. Only the main graph is
 pruned (convs inside If/Loop bodies are left alone).
+
+Why ``multiple=16`` is the default: ONNX Runtime's CPU convolutions work on blocks of 16
+channels with AVX-512 (8 with AVX2; a multiple of 16 is one of 8 too) — a 3×3 conv 96→24 on
+120×160 takes as long as 96→32 (10.2 ms both), 96→16 takes 5.3 ms — so a channel count between
+two blocks buys nothing: MTCNN-O at ``ratio=0.3`` ran at 0.87 of ``fuse``'s latency with
+``multiple=8`` (24 and 40 channels kept) and 0.61 with 16 (``benchmarks/prune_channel_blocks.py``,
+``benchmarks/results/prune-2026-11-29-s3.md``).
 
 Why ``taylor`` is the default: on the real-looking inputs of ``benchmarks/inputs.py``,
 ``prune(ratio=0.3)`` on ppocr_cls_v2 keeps 100% agreement with ``taylor``/``obs`` but flips
@@ -104,7 +118,8 @@ class PrunePass(Pass):
     name = "prune"
     summary = "remove channels: strip constant ones (lossless), or prune by importance with re-fit"
     options = {
-        "ratio": Option(float, 0.0, "fraction of prunable channel units to remove (0: strip only)"),
+        "ratio": Option(float, 0.0, "share of the prunable compute to remove, at least — more where the least "
+                        "important channels carry more (alloc=rank: share of channel units; 0: strip only)"),
         "criterion": Option(str, "taylor", "channel importance", CRITERIA),
         "cost": Option(str, "none", "divide scores by each channel's MAC or measured-latency share",
                        ("none", "macs", "latency")),
@@ -114,7 +129,8 @@ class PrunePass(Pass):
         "min_channels": Option(int, 8, "keep at least this many channels per group"),
         "max_ratio": Option(float, 0.0, "largest fraction of one group to cut (0: min(2·ratio, 0.9))"),
         "max_loss": Option(float, 0.0, "largest share of a group's importance to cut (0: no limit)"),
-        "multiple": Option(int, 8, "keep channel counts at multiples of this (1: any)"),
+        "multiple": Option(int, 16, "keep channel counts at multiples of this (1: any); also the channel block "
+                           "of the cost model"),
         "refit": Option(bool, True, "re-solve consumer weights by ridge least squares"),
         "sparsity": Option(float, 0.0, "unstructured magnitude sparsity of Conv/Gemm/MatMul weights"),
         "nm": Option(str, "", "N:M sparsity, e.g. 2:4"),
