@@ -16,7 +16,9 @@ for i = 0 … k_in − 1:
 ```
 
 The codebook and scales are fixed beforehand (weighted k-means of the normalised rows,
-shared by the weights of one layout: :mod:`._cluster_share`); only the assignment changes. Positions that were exactly zero stay
+shared by the weights of one layout: :mod:`._cluster_share`; or one codebook per row,
+:mod:`._cluster_rows`, then ``q_i[r] = books[r, nearest(books[r], M[r, i])]``); only the
+assignment changes. Positions that were exactly zero stay
 zero (``keep_zero``: a pruned weight stays pruned; their error is still compensated).
 """
 
@@ -26,13 +28,17 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve, cholesky
 
 from ._cluster_kmeans import nearest
+from ._cluster_rows import zero_labels
 
 DAMPING = 0.01
 
 
 def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray,
-                zero_mask: np.ndarray | None = None) -> np.ndarray:
-    """Labels (``n_out × k_in``) of ``matrix`` into ``scales[:, None] · codebook[labels]``."""
+                zero_mask: np.ndarray | None = None, columns: np.ndarray | None = None) -> np.ndarray:
+    """Labels (``n_out × k_in``) of ``matrix`` into ``scales[:, None] · codebook[labels]``, or,
+    for a 2-D ``codebook`` (``scales`` ones), into ``codebook[r, labels[r, ·]]`` (one row of
+    centroids per output channel) or, with ``columns``, ``codebook[columns[i], labels[·, i]]``
+    (column ``i`` of ``matrix`` reads codebook row ``columns[i]``: one per input channel)."""
     w = np.array(matrix, dtype=np.float64)
     h = np.array(gram, dtype=np.float64)
     dead = np.diag(h) <= 0
@@ -41,28 +47,49 @@ def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scal
     h += DAMPING * float(np.mean(np.diag(h))) * np.eye(len(h))
     upper = cholesky(cho_solve(cho_factor(h), np.eye(len(h))), lower=False)
     book = np.asarray(codebook, dtype=np.float64)
-    zero_label = int(np.flatnonzero(book == 0)[0]) if zero_mask is not None and np.any(book == 0) else None
     s = np.asarray(scales, dtype=np.float64).ravel()
+    rows = np.arange(len(w))
+    if book.ndim == 2:  # per row: -1 where the row has no 0.0 centroid
+        zero_label = zero_labels(book) if zero_mask is not None else None
+        if columns is not None:  # books per input channel: each column is a tensor-like step
+            book, zero_label = book[columns], None if zero_label is None else zero_label[columns]
+    else:
+        zero_label = int(np.flatnonzero(book == 0)[0]) if zero_mask is not None and np.any(book == 0) else None
     labels = np.empty(w.shape, np.int64)
     for i in range(w.shape[1]):
-        lab = nearest(book, w[:, i] / s)
-        if zero_label is not None:
-            lab[zero_mask[:, i]] = zero_label
+        if book.ndim == 2 and columns is not None:
+            lab = np.abs(w[:, i, None] - book[i][None, :]).argmin(axis=1)
+            if zero_label is not None and zero_label[i] >= 0:
+                lab[zero_mask[:, i]] = zero_label[i]
+            q = book[i][lab]
+        elif book.ndim == 2:
+            lab = np.abs(w[:, i, None] - book).argmin(axis=1)
+            if zero_label is not None:
+                fix = zero_mask[:, i] & (zero_label >= 0)
+                lab[fix] = zero_label[fix]
+            q = book[rows, lab]
+        else:
+            lab = nearest(book, w[:, i] / s)
+            if zero_label is not None:
+                lab[zero_mask[:, i]] = zero_label
+            q = s * book[lab]
         labels[:, i] = lab
-        err = (w[:, i] - s * book[lab]) / upper[i, i]
+        err = (w[:, i] - q) / upper[i, i]
         w[:, i + 1:] -= np.outer(err, upper[i, i + 1:])
     return labels
 
 
 def cluster_layer(layer, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray | None,
-                  keep_zero: bool) -> np.ndarray:
+                  keep_zero: bool, per_input: bool = False) -> np.ndarray:
     """Labels, in the layout of the stored weight of ``layer`` (a :class:`._svd_stats.Layer`),
     of ``M = layer.matrixᵀ`` into the given (sorted) ``codebook`` and per-output-channel
-    ``scales`` (``(n_out,)``, None for none), assigned by :func:`gptq_assign`."""
+    ``scales`` (``(n_out,)``, None for none), or into per-row codebooks (``n_out × k``; with
+    ``per_input`` one per input channel, ``C_in × k``), assigned by :func:`gptq_assign`."""
     stored = np.asarray(layer.node.inputs[1].values)
     m = layer.matrix.T  # n_out × k_in
     row_scales = np.ones(len(m)) if scales is None else np.asarray(scales).ravel()
-    labels = gptq_assign(m, gram, codebook, row_scales, (m == 0) if keep_zero else None)
+    columns = np.arange(m.shape[1]) // (m.shape[1] // len(codebook)) if per_input else None  # conv: C·kh·kw
+    labels = gptq_assign(m, gram, codebook, row_scales, (m == 0) if keep_zero else None, columns)
     if layer.kind == "conv" or (layer.kind == "gemm" and layer.node.attrs.get("transB", 0)):
         return labels.reshape(stored.shape)  # stored rows are the output channels
     return labels.T.copy()

@@ -93,44 +93,33 @@ def _lloyd(ordered: np.ndarray, weights: np.ndarray, centroids: np.ndarray, max_
     return centroids
 
 
-def cluster_weight(weight: np.ndarray, k: int, per_channel: bool, keep_zero: bool = True, seed: int = 0,
+def cluster_weight(weight: np.ndarray, k: int, keep_zero: bool = True, seed: int = 0,
                    channel_scale: bool = False, axis: int = 0):
-    """``(codebook, labels, scales)`` for a whole weight (``scales``: None unless used, else
-    shaped to broadcast against the weight: ``C`` along ``axis``, 1 elsewhere).
+    """``(codebook, labels, scales)`` for a whole weight, one codebook (``scales``: None unless
+    used, else shaped to broadcast against the weight: ``C`` along ``axis``, 1 elsewhere;
+    per-row codebooks: :mod:`._cluster_rows`).
 
     ``axis`` is the output-channel axis of the weight (0 for Conv and Gemm ``transB=1``, the
     last one for a MatMul / Gemm ``transB=0`` right-hand weight); a "row" below is one slice
     ``W[…, c, …]`` along it.
 
-    * per tensor: ``codebook`` ``(k',)``, ``labels`` of the weight's shape, ``W' = codebook[labels]``;
-    * per channel: ``codebook`` ``(C, k')`` (short channel codebooks padded with their last
-      centroid), ``W'[c] = codebook[c, labels[c]]``;
-    * channel scales (per tensor codebook, one scale per row): rows are normalised by
-      their RMS ``s_c``, the normalised values clustered with weights ``s_c²`` (so the objective
-      is still the squared error of ``W``), ``W'[c] = s_c · codebook[labels[c]]``. Skipped when
-      the weight has at most ``k`` distinct values (the exact codebook needs no scales).
+    * ``codebook`` ``(k',)``, ``labels`` of the weight's shape, ``W' = codebook[labels]``;
+    * channel scales (one scale per row): rows are normalised by their RMS ``s_c``, the
+      normalised values clustered with weights ``s_c²`` (so the objective is still the squared
+      error of ``W``), ``W'[c] = s_c · codebook[labels[c]]``. Skipped when the weight has at
+      most ``k`` distinct values (the exact codebook needs no scales).
     """
     if weight.ndim >= 2 and axis % weight.ndim != 0:
-        codebook, labels, scales = cluster_weight(np.moveaxis(weight, axis, 0), k, per_channel, keep_zero, seed,
-                                                  channel_scale)
+        codebook, labels, scales = cluster_weight(np.moveaxis(weight, axis, 0), k, keep_zero, seed, channel_scale)
         return codebook, np.moveaxis(labels, 0, axis), None if scales is None else np.moveaxis(scales, 0, axis)
-    if not per_channel:
-        rows = weight.reshape(weight.shape[0], -1) if weight.ndim >= 2 else None
-        if channel_scale and rows is not None and np.unique(weight).size > k:
-            scales = np.sqrt(np.mean(rows.astype(np.float64) ** 2, axis=1))
-            scales[scales == 0] = 1.0
-            scales = scales.astype(weight.dtype)
-            normalised = rows / scales[:, None]
-            weights = np.repeat(scales.astype(np.float64) ** 2, rows.shape[1])
-            codebook, labels = kmeans_1d(normalised, k, keep_zero, seed, weights=weights)
-            return codebook, labels.reshape(weight.shape), scales.reshape((-1,) + (1,) * (weight.ndim - 1))
-        codebook, labels = kmeans_1d(weight, k, keep_zero, seed)
-        return codebook, labels.reshape(weight.shape), None
-    rows = weight.reshape(weight.shape[0], -1)
-    books, labels = [], np.empty(rows.shape, np.int64)
-    for c, row in enumerate(rows):
-        book, labels[c] = kmeans_1d(row, k, keep_zero, seed)
-        books.append(book)
-    width = max(b.size for b in books)
-    codebook = np.stack([np.concatenate([b, np.repeat(b[-1:], width - b.size)]) for b in books])
+    rows = weight.reshape(weight.shape[0], -1) if weight.ndim >= 2 else None
+    if channel_scale and rows is not None and np.unique(weight).size > k:
+        scales = np.sqrt(np.mean(rows.astype(np.float64) ** 2, axis=1))
+        scales[scales == 0] = 1.0
+        scales = scales.astype(weight.dtype)
+        normalised = rows / scales[:, None]
+        weights = np.repeat(scales.astype(np.float64) ** 2, rows.shape[1])
+        codebook, labels = kmeans_1d(normalised, k, keep_zero, seed, weights=weights)
+        return codebook, labels.reshape(weight.shape), scales.reshape((-1,) + (1,) * (weight.ndim - 1))
+    codebook, labels = kmeans_1d(weight, k, keep_zero, seed)
     return codebook, labels.reshape(weight.shape), None

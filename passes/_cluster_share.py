@@ -81,6 +81,16 @@ def shared_codebook(parts: list, k: int, keep_zero: bool) -> np.ndarray:
     return codebook
 
 
+def half_codebook(codebook: np.ndarray, node_bytes: int) -> np.ndarray:
+    """``codebook`` rounded to float16 when that saves more than the Cast that decodes it costs
+    (``node_bytes``: k ≥ 64 for float32; a 256-entry codebook 1024 → 512 bytes, a fair share
+    of a small model such as MTCNN P-Net) and every centroid fits; else unchanged."""
+    saved = codebook.size * (codebook.itemsize - 2)
+    if saved <= node_bytes or not np.all(np.abs(codebook) <= HALF_MAX):
+        return codebook
+    return codebook.astype(np.float16)
+
+
 def nearest_labels(weight: np.ndarray, scales: np.ndarray, axis: int, codebook: np.ndarray,
                    keep_zero: bool) -> np.ndarray:
     """Labels (in the weight's shape) of the nearest centroid to each normalised value; exact

@@ -20,6 +20,11 @@ stream:  L = Cast<INT32>(Concat<axis=0>(Mod(packed, 16), BitShift<RIGHT>(packed,
          chunk_1, …, chunk_G[, pad] = Split<axis=0>(L, [n_1, …, n_G[, 1]])
 group g: W_g = Mul(Reshape(GatherElements(codebook_g, chunk_g), stacked shape), scales_g)
          W_1, …, W_m = Split<axis=a>(W_g, [C_1, …, C_m])       # each the weight of one node
+per-row codebooks (books C × k, :mod:`._cluster_rows`; labels stored row by row, i.e. with
+the axis ``a`` moved first):
+         W_g = Reshape(GatherElements<axis=1>(Cast(books16), Reshape(chunk_g, [C, M])), moved shape)
+         then Transpose back when a ≠ 0 (before opset 11: Gather on the flat books with the
+         labels offset by k·c per row)
 ```
 
 so a graph pays for ~5 unpacking nodes once and ~4 nodes per group, instead of ~8 nodes and
@@ -44,7 +49,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ._cluster_share import half_exact
+from ._cluster_encode import pack_labels
+from ._cluster_share import as_rows, half_exact
 
 NODE_BYTES = 75  # one decoding node: op type, fresh node name, input and output names
 OUTPUT_BYTES = 24  # one more output of a Split (a fresh name)
@@ -65,15 +71,23 @@ def label_bytes(clustered) -> float:
 
 
 def member_bytes(clustered, half: bool) -> float:
-    """What one weight adds to its group: labels, scales, a Split output."""
+    """What one weight adds to its group: labels, scales (or its rows' codebooks), a Split output."""
     scales = 0 if clustered.scales is None else clustered.scales.size * (2 if half else clustered.scales.itemsize)
-    return label_bytes(clustered) + scales + OUTPUT_BYTES
+    books = clustered.codebook.nbytes if clustered.per_channel else 0
+    return label_bytes(clustered) + scales + books + OUTPUT_BYTES
 
 
 def group_bytes(members: list, half: bool) -> float:
-    """What a group costs apart from its members: codebook, Reshape, Gather, Mul, Split."""
+    """What a group costs apart from its members: codebook, Reshape, Gather, Mul, Split (per-row
+    codebooks: Reshape, GatherElements, Reshape, Cast, Transpose)."""
     first = members[0]
+    if first.per_channel:
+        cost = 3 * NODE_BYTES + 2 * INIT_BYTES + 8 * (first.labels.ndim + 2) + OUTPUT_BYTES
+        cost += NODE_BYTES if first.dtype is not None else 0
+        cost += NODE_BYTES if first.axis % first.labels.ndim else 0
+        return cost + (NODE_BYTES + 8 * len(members) if len(members) > 1 else 0)
     cost = 2 * (NODE_BYTES + INIT_BYTES) + first.codebook.nbytes + 8 * first.labels.ndim + OUTPUT_BYTES
+    cost += NODE_BYTES if first.dtype is not None else 0
     if first.scales is not None:
         cost += NODE_BYTES + INIT_BYTES + (NODE_BYTES if half else 0)
     if len(members) > 1:
@@ -105,21 +119,18 @@ def encode(model, graph, groups: list) -> list:
         chosen = [g for g in groups if (g[0].k <= 16) == (bits == 4)]
         if not chosen:
             continue
-        flats = [_stacked(g, "labels").ravel() for g in chosen]
+        flats = [_flat_labels(g) for g in chosen]
         stream = np.concatenate(flats).astype(np.uint8)
         pad = stream.size % 2 if bits == 4 else 0
         if pad:
             stream = np.concatenate([stream, np.zeros(1, np.uint8)])
         if bits == 4 and model.opset >= 11:  # unpacked in uint8: a quarter of the bytes to copy at load
-            half = stream.size // 2
-            packed = coder.const("labels4", stream[:half] + 16 * stream[half:])
+            packed = coder.const("labels4", pack_labels(stream, 16)[0])
             lo = coder.node("Mod", [packed, coder.const("sixteen", np.array(16, np.uint8))])
             hi = coder.node("BitShift", [packed, coder.const("four", np.array(4, np.uint8))], direction="RIGHT")
             idx = coder.node("Cast", [coder.node("Concat", [lo, hi], axis=0)], to=onnx.TensorProto.INT32)
         elif bits == 4:
-            half = stream.size // 2
-            idx = coder.node("Cast", [coder.const("labels4", stream[:half] + 16 * stream[half:])],
-                             to=onnx.TensorProto.INT32)
+            idx = coder.node("Cast", [coder.const("labels4", pack_labels(stream, 16)[0])], to=onnx.TensorProto.INT32)
             sixteen = coder.const("sixteen", np.array(16, np.int32))
             hi = coder.node("Div", [idx, sixteen])
             lo = coder.node("Sub", [idx, coder.node("Mul", [hi, sixteen])])
@@ -135,7 +146,16 @@ def encode(model, graph, groups: list) -> list:
 
 def _stacked(members: list, field: str) -> np.ndarray:
     arrays = [getattr(m, field) for m in members]
+    if members[0].per_channel and field == "codebook":  # C × k books: rows stack along 0
+        return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=members[0].axis % arrays[0].ndim)
+
+
+def _flat_labels(members: list) -> np.ndarray:
+    """A group's labels in stream order: flat in the weights' layout, or row by row (axis first)
+    for per-row codebooks."""
+    labels = _stacked(members, "labels")
+    return as_rows(labels, members[0].axis % labels.ndim).ravel() if members[0].per_channel else labels.ravel()
 
 
 class _Coder:
@@ -160,7 +180,43 @@ class _Coder:
     def group(self, members: list, chunk) -> list:
         first = members[0]
         labels = _stacked(members, "labels")
+        if first.per_channel:
+            values = self.rows(members, labels, chunk)
+        else:
+            values = self.shared(members, labels, chunk)
+        if len(members) == 1:
+            return [values]
+        axis = first.axis % labels.ndim
+        return self.split(values, [m.labels.shape[axis] for m in members], axis)
+
+    def rows(self, members: list, labels: np.ndarray, chunk):
+        """Per-row codebooks: ``books[c, labels[c, m]]``, then back to the weights' layout."""
+        first = members[0]
+        books = _stacked(members, "codebook")
+        axis = first.axis % labels.ndim
+        moved = np.moveaxis(labels, axis, 0).shape
+        grid = self.node("Reshape", [chunk, self.const("rows", np.array([moved[0], -1], np.int64))])
+        book = self.const("books", books)
+        if first.dtype is not None:
+            book = self.node("Cast", [book], to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(first.dtype)))
+        if self.model.opset >= 11:
+            values = self.node("GatherElements", [book, grid], axis=1)
+        else:  # Gather on the flat books, each row's labels offset by k · row
+            offsets = self.const("offsets", (np.arange(len(books), dtype=np.int32) * books.shape[1])[:, None])
+            flat = self.node("Reshape", [book, self.const("flat", np.array([-1], np.int64))])
+            values = self.node("Gather", [flat, self.node("Add", [grid, offsets])], axis=0)
+        values = self.node("Reshape", [values, self.const("shape", np.array(moved, np.int64))])
+        if axis:
+            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, labels.ndim))
+            values = self.node("Transpose", [values], perm=perm)
+        return values
+
+    def shared(self, members: list, labels: np.ndarray, chunk):
+        """One codebook for the group, times the rows' scales."""
+        first = members[0]
         book = self.const("codebook", first.codebook)
+        if first.dtype is not None:  # a float16 codebook (k_high)
+            book = self.node("Cast", [book], to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(first.dtype)))
         # GatherElements on the flat labels, then Reshape: ORT's Gather copies element by element
         # (measured: 390k labels 7–10 ms vs 0.23 ms), and the decoder runs at every session creation
         gather = "GatherElements" if self.model.opset >= 11 else "Gather"
@@ -174,7 +230,4 @@ class _Coder:
             else:
                 stored = self.const("scales", scales)
             values = self.node("Mul", [values, stored])
-        if len(members) == 1:
-            return [values]
-        axis = first.axis % labels.ndim
-        return self.split(values, [m.labels.shape[axis] for m in members], axis)
+        return values

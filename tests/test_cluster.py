@@ -106,7 +106,7 @@ def test_channel_scales_protect_small_rows(rng):
 def test_pack_roundtrip(size, rng):
     labels = rng.integers(0, 16, size)
     stored, packed = pack_labels(labels, 16)
-    assert packed == (size % 2 == 0 and size >= 1024)  # small weights: the unpacking nodes cost more
+    assert packed == (size % 2 == 0)
     assert stored.nbytes == (size // 2 if packed else size)
     assert np.array_equal(unpack_labels(stored, packed), labels)
 
@@ -169,7 +169,7 @@ def test_gptq_assignment_lowers_output_error(rng):
     rows, k_in, n_out = 4000, 48, 32
     x = rng.standard_normal((rows, k_in)) @ rng.standard_normal((k_in, k_in))  # correlated inputs
     m = rng.standard_normal((n_out, k_in))
-    codebook, _, scales = cluster_weight(m, 8, False, channel_scale=True)
+    codebook, _, scales = cluster_weight(m, 8, channel_scale=True)
     s = scales.ravel()
     plain = nearest(codebook.astype(np.float64), m / s[:, None])
     data_aware = gptq_assign(m, x.T @ x / rows, codebook, s)
