@@ -23,7 +23,7 @@ the cluster decoder is folded when the session is created), 1 intra-op thread:
   float rounding) from the benchmark.
 
 The load average (2 shared cores) is recorded before and after every model. Results:
-``benchmarks/results/cluster-<UTC date>-s2<suffix>.md``, rewritten after every model.
+``benchmarks/results/cluster-<UTC date>-s3<suffix>.md``, rewritten after every model.
 """
 
 from __future__ import annotations
@@ -141,6 +141,8 @@ def measure(model: str, args, tmp: Path) -> dict:
         "model": model, "seconds": round(seconds, 1), "load_before": load_before, "load_after": os.getloadavg(),
         "original": sizes(Path(path)), "fuse": sizes(paths[0]), "cluster": sizes(paths[1]),
         "cosine": min((d["cosine"] for d in (first.get("drift") or {}).values() if d), default=None),
+        "top1": min((d["top1"] for d in (first.get("drift") or {}).values() if d and d.get("top1") is not None),
+                    default=None),
         "metric": first.get("metric") or {}, "blocks": blocks,
         "session_s": [statistics.median(t) for t in sessions],
         "session_ratio": statistics.median(b / a for a, b in zip(*sessions)),
@@ -165,10 +167,11 @@ def render(results: list, args, command: str, date: datetime, commit: str) -> st
               f"latency: 2 blocks × {args.runs} interleaved rounds (fused first, then clustered first), "
               f"median of round-by-round ratios clustered / fused [P10, P90]; {args.sessions} alternating "
               "session creations per model. 2 shared cores: load average (1, 5, 15 min) per model."), "",
-             ("| model | size vs original (raw / zlib) | size vs fused (raw / zlib) | worst cosine vs fused | task "
+             ("| model | size vs original (raw / zlib) | size vs fused (raw / zlib) | worst cosine vs fused "
+              "| worst top-1 agreement (per position) | task "
               "| latency ratio block 1 | block 2 | A/A control | fused median ms | session s fused / clustered (paired ratio) "
               "| ORT-optimized graphs equal | load before → after | pipeline s |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         o, f, c = r["original"], r["fuse"], r["cluster"]
         m = r["metric"]
@@ -177,7 +180,7 @@ def render(results: list, args, command: str, date: datetime, commit: str) -> st
         control = f"{ctl['ratio']:.4f} [{ctl['spread'][0]:.3f}, {ctl['spread'][1]:.3f}]" if ctl else "—"
         lines.append(
             f"| {r['model']} | {c[0] / o[0]:.4f} / {c[1] / o[1]:.4f} | {c[0] / f[0]:.4f} / {c[1] / f[1]:.4f} "
-            f"| {r['cosine']:.5f} | {m.get('task', '')}: {fmt(m.get('score'))} (ref {fmt(m.get('score_original'))}), "
+            f"| {r['cosine']:.5f} | {fmt(r.get('top1'))} | {m.get('task', '')}: {fmt(m.get('score'))} (ref {fmt(m.get('score_original'))}), "
             f"agreement {fmt(m.get('agreement'))} "
             f"| {b1['ratio']:.4f} [{b1['spread'][0]:.3f}, {b1['spread'][1]:.3f}] "
             f"| {b2['ratio']:.4f} [{b2['spread'][0]:.3f}, {b2['spread'][1]:.3f}] | {control} | {b1['fused_ms']:.2f} "
@@ -207,7 +210,7 @@ def main(argv: list | None = None) -> int:
     commit += f" (cluster files modified: {' '.join(dirty[1::2])})" if dirty else " (cluster files committed)"
     date = datetime.now(timezone.utc)
     args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"cluster-{date.date().isoformat()}-s2{args.suffix}.md"
+    target = args.out / f"cluster-{date.date().isoformat()}-s3{args.suffix}.md"
     results = []
     with tempfile.TemporaryDirectory(prefix="cluster-latency-") as tmp:
         for model in args.models:
