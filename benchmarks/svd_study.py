@@ -1,6 +1,18 @@
 """Study of post-training low-rank methods on MiniLM-L6 (issue 6): which method, which ranks.
 
     python benchmarks/svd_study.py [--out benchmarks/results/svd-2026-11-29-s2-study.md]
+    python benchmarks/svd_study.py --big 3900 --out benchmarks/results/svd-2026-11-29-s3-study.md
+
+``--big N`` (session 3): statistics from the real tokens of ``N`` sentences of
+``data/svd_calib_sentences.txt`` (WordNet usage examples, :mod:`build_svd_calib`; Ledoit–Wolf
+shrunk Gram matrices, :mod:`onnxslim_kit.passes._svd_math`), 64 further sentences of that file
+held out as the check set, and the trade-off curve (weight-MatMul FLOPs removed vs worst
+sentence-embedding cosine on the 32 evaluation sentences) of two allocations over a fine price
+sweep: ``measured`` (1 − cos per layer and grid rank, measured on the check sentences) and
+``spectrum`` (the pass's default: layer error from the whitened spectrum × one measured
+transfer factor per layer, :mod:`onnxslim_kit.passes._svd_alloc`). Plus the session-2
+"oracle" scored the other way round (fitted on the evaluation sentences, scored on 64 WordNet
+sentences), which shows that it was an in-sample fit, not a bound.
 
 One ORT session whose weight-MatMul weights are graph *inputs*: any candidate (factorised
 weights multiplied back, ``W_eff = A B``) is evaluated without rebuilding the model. Rows of the
@@ -151,14 +163,24 @@ def sensitivity(h, fits: list, split="calib"):
     return sens
 
 
+def pick(sens: dict, lam: float, effective) -> tuple:
+    """``(replacements, ranks)`` of the price ``lam``: each layer's rank minimising
+    ``loss − lam · saved`` (or none); ``effective(w, r)`` gives the rank-``r`` weight."""
+    rep, ranks = {}, {}
+    for w, options in sens.items():
+        best = min([(0.0, None)] + [(loss - lam * saved, r) for r, saved, loss in options], key=lambda t: t[0])
+        if best[1]:
+            ranks[w], rep[w] = best[1], effective(w, best[1])
+    return rep, ranks
+
+
+def truncated(facts):
+    return lambda w, r: facts[w][0][:, :r] @ facts[w][1][:r]
+
+
 def allocate(h, sens, facts, emit, label):
     for lam in np.geomspace(1e-9, 1e-7, 9):
-        rep, ranks = {}, {}
-        for w, options in sens.items():
-            best = min([(0.0, None)] + [(loss - lam * saved, r) for r, saved, loss in options], key=lambda t: t[0])
-            if best[1]:
-                a, b, _ = facts[w]
-                ranks[w], rep[w] = best[1], a[:, :best[1]] @ b[:best[1]]
+        rep, ranks = pick(sens, lam, truncated(facts))
         emit(f"{label} λ={lam:.1e}", h.removed(ranks), h.score(rep, "calib"), h.score(rep), ranks)
 
 
@@ -188,10 +210,74 @@ def broad_grams(h, n=640):
     return total, len(encs)
 
 
+def encode(sentences: list) -> dict:
+    import export_minilm
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(export_minilm.tokenizer_path()))
+    tok.enable_padding(length=inputs.MINILM_LENGTH)
+    tok.enable_truncation(inputs.MINILM_LENGTH)
+    encs = tok.encode_batch(sentences)
+    return {"input_ids": np.array([e.ids for e in encs], np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encs], np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encs], np.int64)}
+
+
+def big_study(h, n: int, emit, lines) -> None:
+    """The session-3 rows (see the module docstring)."""
+    from onnxslim_kit.passes._svd_alloc import SCALE_AT
+    from onnxslim_kit.passes._svd_math import Factorization
+
+    text = [s.strip() for s in (HERE / "data" / "svd_calib_sentences.txt").read_text().splitlines()
+            if s.strip() and not s.startswith("#")]
+    fit, check = text[:n], text[-64:]
+    assert n <= len(text) - 64
+    h.splits["check"] = encode(check)
+    h.ref["check"] = h.run({}, "check")
+    sums = {}
+    saved = h.splits["calib"], h.ref["calib"]
+    for i in range(0, len(fit), 128):
+        h.splits["calib"] = encode(fit[i:i + 128])
+        out = h.run({}, "calib")
+        mask = h.splits["calib"]["attention_mask"].reshape(-1).astype(bool)
+        for _, x, w in h.layers:
+            rows = out[x].reshape(-1, out[x].shape[-1]).astype(np.float64)[mask]
+            g, r, f = sums.get(w, (0.0, 0, 0.0))
+            sums[w] = (g + rows.T @ rows, r + len(rows), f + float(np.sum(np.sum(rows**2, 1) ** 2)))
+    h.splits["calib"], h.ref["calib"] = saved
+    tokens = sums[h.layers[0][2]][1]
+    facts = {w: Factorization(h.weights[w], g / r, r, f) for w, (g, r, f) in sums.items()}
+    lines += ["", f"Big calibration: {n} WordNet sentences, {tokens} real tokens; Ledoit–Wolf weights "
+                  f"{min(f.shrinkage for f in facts.values()):.3f}–{max(f.shrinkage for f in facts.values()):.3f}; "
+                  "check = 64 other WordNet sentences.", ""]
+
+    def eff(w, r):
+        return np.matmul(*facts[w].factors(r))
+
+    measured, spectrum = {}, {}
+    for _, _, w in h.layers:
+        k, m = h.weights[w].shape
+        ranks = grid(k, m)
+        measured[w] = [(r, k * m - r * (k + m), 1 - h.score({w: eff(w, r)}, "check")["mean"]) for r in ranks]
+        at = min(ranks, key=lambda r: abs(1 - r * (k + m) / (k * m) - SCALE_AT))
+        loss_at = next(loss for r, _s, loss in measured[w] if r == at)
+        scale = loss_at / max(1 - facts[w].kept_energy(at), 1e-12)
+        fine = sorted({max(int(k * m * (1 - f) / (k + m)), 1) for f in np.arange(0.025, 0.81, 0.025)})
+        spectrum[w] = [(r, k * m - r * (k + m), scale * (1 - facts[w].kept_energy(r))) for r in fine]
+    for label, table in (("measured", measured), ("spectrum", spectrum)):
+        for lam in np.geomspace(2e-9, 6e-8, 16):
+            rep, ranks = pick(table, lam, eff)
+            emit(f"big {label} λ={lam:.1e} (check {h.score(rep, 'check')['worst']:.4f})", h.removed(ranks),
+                 h.score(rep, "calib"), h.score(rep), ranks)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=HERE / "results" / "svd-2026-11-29-s2-study.md")
+    parser.add_argument("--big", type=int, default=0, help="session 3: statistics from N WordNet sentences")
     args = parser.parse_args(argv)
+    if args.big:
+        return main_big(args, argv)
     load_before, start = os.getloadavg(), time.time()
     h = Harness()
     lines = ["# svd on MiniLM-L6: method study (session 2)", "",
@@ -243,6 +329,39 @@ def main(argv=None) -> int:
             lines.append(f"- {label}: " + ", ".join(f"{names[w].split('/')[3]}.{names[w].split('/')[-2]}"
                                                      f"{'' if 'dense' not in names[w] else '(' + names[w].split('/')[4] + ')'}"
                                                      f"={r}" for w, r in ranks.items()))
+    args.out.write_text("\n".join(lines) + "\n")
+    print(args.out)
+    return 0
+
+
+def main_big(args, argv) -> int:
+    load_before, start = os.getloadavg(), time.time()
+    h = Harness()
+    lines = ["# svd on MiniLM-L6: method study with a large calibration text (session 3)", "",
+             f"Command: `python benchmarks/svd_study.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+             f"Load average at start: {load_before}.", "",
+             "Columns as in svd-2026-11-29-s2-study.md; \"calib\" = the 32 calibration sentences of inputs.py "
+             "(not used by these rows), \"eval\" = the 32 evaluation sentences.", "",
+             "| method | weight-MatMul FLOPs removed | calib worst cos | eval worst cos | eval mean cos | "
+             "eval retrieval |", "|---|---|---|---|---|---|"]
+
+    def emit(label, removed, calib, evaluation, _ranks):
+        line = (f"| {label} | {removed:.3f} | {calib['worst']:.4f} | {evaluation['worst']:.4f} | "
+                f"{evaluation['mean']:.4f} | {evaluation['retrieval']:.3f} |")
+        print(line, flush=True)
+        lines.append(line)
+        args.out.write_text("\n".join(lines) + "\n")
+
+    big = []
+    big_study(h, args.big, emit, big)
+    eval_facts = factors_of(h, h.grams("eval"))
+    oracle = sensitivity(h, [(eval_facts, np.arange(32))], "eval")
+    for lam in (3.2e-9, 5.6e-9):  # the session-2 oracle rows, now also scored on held-out WordNet sentences
+        rep, ranks = pick(oracle, lam, truncated(eval_facts))
+        emit(f"s2 oracle (fitted on eval) λ={lam:.1e}, scored on 64 WordNet sentences: worst "
+             f"{h.score(rep, 'check')['worst']:.4f}", h.removed(ranks), h.score(rep, "calib"), h.score(rep), ranks)
+    lines[6:6] = big
+    lines += ["", f"Seconds: {time.time() - start:.0f}; load average at the end: {os.getloadavg()}."]
     args.out.write_text("\n".join(lines) + "\n")
     print(args.out)
     return 0

@@ -20,6 +20,18 @@ So:
    *measured* worst output cosine (factors fitted on all statistics, the pass's check samples)
    holds the target is found by bisection.
 
+**Spectrum** (``alloc=spectrum``, the default): step 1 costs one ONNX Runtime trial per layer
+instead of one per rank and half. A layer's relative output error at rank ``r`` is
+``ε(r) = 1 − cos²`` of its own output, read off the whitened spectrum for every rank at once —
+cross-fitted as well: factors of one half, error on the Gram matrix of the other
+(:meth:`._svd_math.Factorization.heldout_cosine`), the two averaged. The end-to-end loss of a
+small perturbation is quadratic in it, so ``loss(r) ≈ s · ε(r)``; the layer's transfer factor
+``s`` is measured once, at the grid rank nearest 30 % of its FLOPs (``SCALE_AT``), with the
+full-data factors on ``MAX_SCALE_SAMPLES`` calibration samples. Measured on MiniLM-L6 with
+3900 calibration sentences (``benchmarks/results/svd-2026-11-29-s3*.md``) the allocations of
+the model and of the measured grid hold the same cosine at the same saving. Its ranks are a
+fine grid (``FINE_GRID``), as every rank costs the same.
+
 Trials put ``W_eff = A_r B_r`` in the layer (the product, not the factorised graph: the same
 values up to rounding) — one ONNX Runtime session per layer, its weight a graph input
 (:class:`Probe`).
@@ -37,8 +49,11 @@ from onnxslim_kit.metrics import cosine
 from onnxslim_kit.runtime import make_session, run
 
 GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)  # fractions of a layer's FLOPs removed
+FINE_GRID = tuple(round(0.025 * i, 3) for i in range(1, 33))  # alloc=spectrum: 2.5 % … 80 %
+SCALE_AT = 0.3  # alloc=spectrum: the transfer factor is measured at the grid rank nearest this
 LAMBDAS = 40
 MAX_HALF_SAMPLES = 6  # samples per half for the sensitivity runs
+MAX_SCALE_SAMPLES = 16  # samples for the spectrum's one measured trial per layer
 
 
 class Probe:
@@ -103,12 +118,36 @@ class Candidate:
     halves: tuple  # Factorization on half 0 and half 1
     flops_before: int
     options: list = field(default_factory=list)  # (r, FLOPs saved, cross-fitted loss)
+    half_grams: tuple = ()  # the normalised Gram matrix of each half (alloc=spectrum)
+    scale: float | None = None  # alloc=spectrum: measured loss per unit of layer error
+    ranks: list = field(default_factory=list)  # the ranks it may take (faster than the layer)
 
 
-def grid_ranks(k: int, n: int, breakeven: int) -> list:
-    """Ranks removing the ``GRID`` fractions of ``k n`` MACs per row (distinct, ≥ 1, ≤ break-even)."""
-    ranks = {max(int(k * n * (1 - f) / (k + n)), 1) for f in GRID}
+def grid_ranks(k: int, n: int, breakeven: int, grid: tuple = GRID) -> list:
+    """Ranks removing the ``grid`` fractions of ``k n`` MACs per row (distinct, ≥ 1, ≤ break-even)."""
+    ranks = {max(int(k * n * (1 - f) / (k + n)), 1) for f in grid}
     return sorted(r for r in ranks if r <= breakeven)
+
+
+def crossfit_error(cand: Candidate) -> np.ndarray:
+    """``ε(r) = 1 − cos²`` of the layer's own output for every rank ``r`` (index ``r − 1``):
+    factors of each half of the statistics scored on the other half's Gram matrix, averaged."""
+    w = cand.layer.matrix
+    errors = [1.0 - np.clip(fact.heldout_cosine(w, other), 0.0, 1.0) ** 2
+              for fact, other in zip(cand.halves, cand.half_grams[::-1])]
+    return np.mean(errors, axis=0)
+
+
+def spectral(probe: Probe, cand: Candidate, ranks: list, flops_after, which: list) -> None:
+    """Fill ``cand.options`` with ``s · ε(r)`` (see the module docstring); ``s`` from one trial of
+    the full-data factors on the probe samples ``which``."""
+    error = crossfit_error(cand)
+    at = min(ranks, key=lambda r: abs((1 - flops_after(r) / cand.flops_before) - SCALE_AT))
+    trial = weight_value(cand.layer, np.matmul(*cand.full.factors(at)))
+    measured = probe.layer_losses(cand.layer, [(trial, which)])[0]
+    scale = measured / max(float(error[at - 1]), 1e-12)
+    cand.scale = scale
+    cand.options.extend((r, cand.flops_before - flops_after(r), float(scale * error[r - 1])) for r in ranks)
 
 
 def sensitivity(probe: Probe, cand: Candidate, ranks: list, flops_after, n: int) -> None:

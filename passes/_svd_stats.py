@@ -10,7 +10,10 @@ Rows of a layer ``Y = X W`` (``W``: ``k × n``):
   the order of ``W.reshape(n, C·kh·kw)`` (channel, then kernel row, then kernel column).
 
 Rows of one sample beyond ``MAX_ROWS`` are subsampled (seeded) for ``G``; ``rows`` always
-counts all of them. Activations come from :func:`onnxslim_kit.activations.iter_activations`.
+counts all of them. With ``mask`` (the name of a model input such as ``attention_mask``), a
+MatMul/Gemm input whose leading shape equals that input's shape contributes only the rows where
+the mask is non-zero (padding tokens are not data: they would bias ``G`` towards the padding
+token's activations); ``rows`` (the FLOPs) still counts all of them. Activations come from :func:`onnxslim_kit.activations.iter_activations`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ._graph import const_value, exclusive_constant, is_onnx_op
 FLOAT_KINDS = (np.float16, np.float32, np.float64)
 
 MAX_ROWS = 4096
+FLUSH_VALUES = 1 << 20  # row values gathered (float32) before they enter the Gram matrices: one GEMM, not one per sample
 
 
 @dataclass(eq=False)
@@ -110,21 +114,38 @@ class InputStats:
     fourth: float = 0.0  # Σ ‖x_i‖⁴ over the rows of the Gram matrix
     shape: tuple = field(default_factory=tuple)
     halves: list = field(default_factory=lambda: [[None, 0, 0.0], [None, 0, 0.0]])  # [gram, rows, fourth]
+    pending: list = field(default_factory=lambda: [[], []])  # rows of each half not yet in the Gram matrices
+    pending_rows: int = 0
 
-    def add(self, rows: np.ndarray, total_rows: int, want_gram: bool) -> None:
-        half = self.halves[self.samples % 2]
+    def add(self, rows: np.ndarray, total_rows: int, want_gram: bool, shape: tuple = ()) -> None:
+        """Add one sample's rows; FLOPs and the speed check use the largest sample seen (samples
+        of their own length, e.g. unpadded sentences, differ in size)."""
+        which = self.samples % 2
         self.samples += 1
-        self.rows_per_sample = total_rows
+        if total_rows >= self.rows_per_sample:
+            self.rows_per_sample, self.shape = total_rows, shape
         if want_gram:
-            r64 = rows.astype(np.float64)
+            self.pending[which].append(rows.astype(np.float32))  # a copy: the activations are not kept
+            self.pending_rows += len(rows)
+            if self.pending_rows * rows.shape[1] >= FLUSH_VALUES:
+                self.flush()
+
+    def flush(self) -> None:
+        """Add the gathered rows to the Gram matrices (whole and per half)."""
+        for chunk, half in zip(self.pending, self.halves):
+            if not chunk:
+                continue
+            r64 = np.concatenate(chunk).astype(np.float64)
+            chunk.clear()
             g = r64.T @ r64
             fourth = float(np.sum(np.sum(r64**2, axis=1) ** 2))
             self.gram = g if self.gram is None else self.gram + g
-            self.gram_rows += len(rows)
+            self.gram_rows += len(r64)
             self.fourth += fourth
             half[0] = g if half[0] is None else half[0] + g
-            half[1] += len(rows)
+            half[1] += len(r64)
             half[2] += fourth
+        self.pending_rows = 0
 
     @property
     def normalized_gram(self) -> np.ndarray | None:
@@ -177,21 +198,29 @@ def conv_rows(x: np.ndarray, geo: ConvGeometry, rng: np.random.Generator, max_ro
     return patches.reshape(len(pick), -1), total
 
 
-def matmul_rows(x: np.ndarray, k: int, rng: np.random.Generator, max_rows: int = MAX_ROWS) -> tuple:
+def matmul_rows(x: np.ndarray, k: int, rng: np.random.Generator, max_rows: int = MAX_ROWS,
+                keep: np.ndarray | None = None) -> tuple:
+    """``(rows, total rows)``; ``keep``: a mask of ``x``'s leading shape (rows where it is 0 are
+    left out of the returned rows, not of the total)."""
     rows = x.reshape(-1, k)
     total = len(rows)
-    if total > max_rows:
-        rows = rows[np.sort(rng.choice(total, max_rows, replace=False))]
+    if keep is not None and keep.shape == x.shape[:-1]:
+        rows = rows[keep.reshape(-1) != 0]
+    if len(rows) > max_rows:
+        rows = rows[np.sort(rng.choice(len(rows), max_rows, replace=False))]
     return rows, total
 
 
-def collect(proto, layers: list, samples, want_gram: bool, seed: int = 0) -> dict:
+def collect(proto, layers: list, samples, want_gram: bool, seed: int = 0, mask: str = "") -> dict:
     """``{layer.key: InputStats}`` over ``samples`` (one pass through ONNX Runtime); layers that
-    read the same tensor the same way (Q/K/V projections) share one :class:`InputStats`."""
+    read the same tensor the same way (Q/K/V projections) share one :class:`InputStats`;
+    ``mask``: input name of a padding mask (see the module docstring)."""
     rng = np.random.default_rng(seed)
     names = sorted({layer.input_name for layer in layers})
     shared, by_layer = {}, {}
-    for values in iter_activations(proto, names, samples, threads=1):
+    samples = list(samples)
+    for sample, values in zip(samples, iter_activations(proto, names, samples, threads=1)):
+        keep = sample.get(mask) if mask else None
         seen = set()
         for layer in layers:
             x = values[layer.input_name]
@@ -205,10 +234,11 @@ def collect(proto, layers: list, samples, want_gram: bool, seed: int = 0) -> dic
             if layer.kind == "conv":
                 rows, total = conv_rows(x, layer.geometry, rng)
             else:
-                rows, total = matmul_rows(x, layer.k, rng)
+                rows, total = matmul_rows(x, layer.k, rng, keep=None if keep is None else np.asarray(keep))
                 if layer.kind == "batched":  # x broadcast against [heads, k, n]: every head's rows
                     batch = int(np.prod(x.shape[:-2], dtype=np.int64))
                     total = total // max(batch, 1) * int(np.prod(np.broadcast_shapes(x.shape[:-2], (layer.heads,))))
-            entry.shape = tuple(x.shape)
-            entry.add(rows, total, want_gram)
+            entry.add(rows, total, want_gram, tuple(x.shape))
+    for entry in shared.values():
+        entry.flush()
     return by_layer

@@ -31,22 +31,31 @@ to it would not generalise. The notes say which was used.
 
 Allocation (``alloc``; :mod:`._svd_alloc`): by default, when the calibration data allow a
 held-out check (data-aware, ≥ 16 samples), a target is set and no rank/ratio/energy rule is
-given, the per-layer cosine rule is replaced by a measured one: each layer's end-to-end loss at
-a grid of ranks (cross-fitted on the two halves of the calibration samples), then one budget
-for the whole model — the largest-saving allocation whose measured output cosine on the
-held-out samples holds ``target``. Layers whose every grid rank would be slower are left out
-beforehand (:mod:`._svd_speed`); the notes list each layer's losses per rank and its rank.
-Measured on MiniLM-L6 with 32 calibration sentences (``benchmarks/results/svd-2026-11-29-s2*.md``):
-the uniform rule kept 0 % of the weight-MatMul FLOPs at ≥ 0.99, the allocation 2.9 % (held out
-0.992, other sentences 0.987); an in-sample allocation removes 32 % at 0.992 on the calibration
-sentences but 0.58 on others — the limit is how far 32 sentences (428 real tokens) generalise.
-``alloc=layer`` keeps the per-layer rule below.
+given, the per-layer cosine rule is replaced by one budget for the whole model: each layer's
+end-to-end loss per rank is estimated (``alloc=spectrum``: the layer's own output error read
+off the whitened spectrum, cross-fitted on the two halves of the statistics, times one
+measured transfer factor per layer — one ONNX Runtime trial per layer), then the
+largest-saving allocation whose measured output cosine on the held-out samples holds
+``target``. ``alloc=sensitivity`` measures every layer at every grid rank instead (cross-fitted,
+8 ranks × 12 runs per layer: 11 minutes on MiniLM-L6). Layers whose every grid rank would be
+slower are left out beforehand (:mod:`._svd_speed`); the notes list each layer's losses per
+rank and its rank. ``alloc=layer`` keeps the per-layer rule below.
+
+Statistics need many more rows than input dimensions: with 32 calibration sentences (428
+tokens for 384/1536-dim inputs) whitened factors and rank choices over-fit (an allocation
+fitted in-sample removed 32 % of MiniLM's weight-MatMul FLOPs at cosine 0.992 on its own
+sentences, 0.58 on others; ``benchmarks/results/svd-2026-11-29-s2*.md``). Measured with 2000+
+calibration sentences (``benchmarks/measure_svd.py``, WordNet usage examples from
+``benchmarks/build_svd_calib.py``; ``benchmarks/results/svd-2026-11-29-s3*.md``) the choices
+carry over to other sentences, but the trade-off itself is poor: MiniLM's weights and
+activations are not low-rank, see the results. ``mask=<input>`` (e.g. ``attention_mask``)
+leaves padding rows out of the statistics; calibration samples of their own length need none.
 
 End-to-end target (``target``, default 0.99; 0 turns it off; ignored with ``force``): per-layer
 budgets do not bound the output error, so the pass measures the model's output cosine on 8
 calibration samples and keeps only the longest damage-ordered prefix of the planned
 factorisations that holds the target (:mod:`._svd_select`). With at least 16 calibration
-samples the last 8 are held out of the statistics and used for this check (an in-sample check
+samples the last ``n // 16`` (8 … 64) are held out of the statistics and used for this check (an in-sample check
 was optimistic: MiniLM, one factorised layer, 0.994 in-sample vs 0.971 on other sentences). ``force=true, rank=-1`` is
 lossless (``A B = W``) and is declared so.
 """
@@ -60,7 +69,17 @@ import numpy as np
 
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from ._svd_alloc import Candidate, Probe, choose, grid_ranks, sensitivity
+from ._svd_alloc import (
+    FINE_GRID,
+    MAX_HALF_SAMPLES,
+    MAX_SCALE_SAMPLES,
+    Candidate,
+    Probe,
+    choose,
+    grid_ranks,
+    sensitivity,
+    spectral,
+)
 from ._svd_math import Factorization, HeadsFactorization, breakeven_rank
 from ._svd_rewrite import apply
 from ._svd_select import select
@@ -76,6 +95,8 @@ from ._svd_stats import Layer, collect, match
 MAX_NOTE_LAYERS = 40
 MIN_ROWS_PER_INPUT = 2  # whiten only with at least 2·k calibration rows (else Gram is rank-deficient)
 TARGET_SAMPLES = 8
+MAX_CHECK_SAMPLES = 64  # held out for the end-to-end check: n // CHECK_SHARE of n samples, 8 … 64
+CHECK_SHARE = 16
 
 
 @dataclass(eq=False)
@@ -107,10 +128,13 @@ class SvdPass(Pass):
         "force": Option(bool, False, "factorise even when it does not pay off (tests, experiments)"),
         "measure": Option(bool, True, "time small layers in ORT and skip those that get slower"),
         "ops": Option(str, "matmul+gemm+conv", "which layers to factorise, joined by '+'"),
-        "alloc": Option(str, "auto", "rank allocation: sensitivity (measured per layer, one global budget), "
-                                     "layer (each layer's own rule); auto: sensitivity with calibration data "
-                                     "and a target unless rank/ratio/energy is set",
-                        ("auto", "sensitivity", "layer")),
+        "alloc": Option(str, "auto", "rank allocation: spectrum (per-layer loss from the whitened spectrum × "
+                                     "one measured transfer factor, one global budget), sensitivity (loss "
+                                     "measured per layer and rank: slow), layer (each layer's own rule); auto: "
+                                     "spectrum with calibration data and a target unless rank/ratio/energy is set",
+                        ("auto", "spectrum", "sensitivity", "layer")),
+        "mask": Option(str, "", "input marking padding (e.g. attention_mask): statistics use only rows where "
+                                "it is non-zero"),
         "spatial": Option(str, "auto", "k×k Conv: kxk (r k×k filters + 1×1), separable (k×1 + 1×k) or the "
                                        "cheaper of the two", ("auto", "kxk", "separable")),
     }
@@ -137,8 +161,9 @@ class SvdPass(Pass):
         check = ctx.feed.take(TARGET_SAMPLES)
         held_out = data_aware and opts["target"] and len(samples) >= 2 * TARGET_SAMPLES
         if held_out:  # the end-to-end check runs on samples the factors were not fitted on
-            samples, check = samples[:-TARGET_SAMPLES], samples[-TARGET_SAMPLES:]
-        stats = collect(model.to_proto(), layers, samples, want_gram=data_aware)
+            n_check = min(max(TARGET_SAMPLES, len(samples) // CHECK_SHARE), MAX_CHECK_SAMPLES)
+            samples, check = samples[:-n_check], samples[-n_check:]
+        stats = collect(model.to_proto(), layers, samples, want_gram=data_aware, mask=opts["mask"])
         if self._use_alloc(opts, held_out):
             kept, measured, lines = self._allocate(model, ctx, layers, stats, samples, check, result)
             where = "held-out calibration samples" if held_out else "calibration samples"
@@ -167,11 +192,13 @@ class SvdPass(Pass):
         if opts["alloc"] == "auto":
             return (held_out and bool(opts["target"]) and not opts["force"]
                     and not (opts["rank"] or opts["ratio"] or opts["energy"]))
-        return opts["alloc"] == "sensitivity"
+        return opts["alloc"] in ("spectrum", "sensitivity")
 
     def _allocate(self, model, ctx, layers, stats, samples, check, result) -> tuple:
-        """``alloc=sensitivity`` (:mod:`._svd_alloc`): ``(kept plans, measured cosine, notes)``."""
+        """``alloc=spectrum|sensitivity`` (:mod:`._svd_alloc`): ``(kept plans, measured cosine, notes)``."""
         opts, cands, lines = ctx.options, [], []
+        measured_grid = opts["alloc"] == "sensitivity"
+        grid = {} if measured_grid else {"grid": FINE_GRID}
         for layer in layers:
             entry = stats[layer.key]
             name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
@@ -183,11 +210,11 @@ class SvdPass(Pass):
             rows = entry.rows_per_sample
             full = Factorization(layer.matrix, entry.normalized_gram, entry.gram_rows, entry.fourth)
             cand = Candidate(layer, full, tuple(Factorization(layer.matrix, *h) for h in halves),
-                             flops(rows, layer.k, layer.n))
+                             flops(rows, layer.k, layer.n), half_grams=tuple(h[0] for h in halves))
             w_shape = layer.node.inputs[1].values.shape if layer.kind == "conv" else (layer.k, layer.n)
             attrs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in layer.node.attrs.items()))
             kind = "conv" if layer.kind == "conv" else "matmul"
-            ranks = [r for r in grid_ranks(layer.k, layer.n, breakeven_rank(layer.k, layer.n))
+            ranks = [r for r in grid_ranks(layer.k, layer.n, breakeven_rank(layer.k, layer.n), **grid)
                      if decide(kind, entry.shape, w_shape, rows, layer.k, layer.n, r, attrs, opts["measure"])[0]]
             if not ranks:
                 result.skip("factorised layer would be slower")
@@ -195,24 +222,33 @@ class SvdPass(Pass):
                              f"{decide(kind, entry.shape, w_shape, rows, layer.k, layer.n, 1, attrs, opts['measure'])[1]} "
                              "at rank 1 or the FLOPs saved are < 5 %)")
                 continue
+            cand.ranks = ranks
             cands.append(cand)
         if not cands:
             return [], None, lines
-        probe = Probe(model.to_proto(), samples + check)
+        trials = samples[:2 * MAX_HALF_SAMPLES] if measured_grid else samples[:MAX_SCALE_SAMPLES]
+        probe = Probe(model.to_proto(), trials + check)
         for cand in ctx.progress(cands, desc="svd sensitivity", total=len(cands)):
             layer, rows = cand.layer, stats[cand.layer.key].rows_per_sample
-            sensitivity(probe, cand, grid_ranks(layer.k, layer.n, breakeven_rank(layer.k, layer.n)),
-                        lambda r, layer=layer, rows=rows: flops(rows, layer.k, layer.n, r), len(samples))
-        pick, measured = choose(probe, cands, list(range(len(samples), len(samples) + len(check))), opts["target"])
+            cost = lambda r, layer=layer, rows=rows: flops(rows, layer.k, layer.n, r)  # noqa: E731
+            if measured_grid:
+                sensitivity(probe, cand, cand.ranks, cost, len(trials))
+            else:
+                spectral(probe, cand, cand.ranks, cost, list(range(len(trials))))
+        how = "cross-fitted" if measured_grid else "estimated (cross-fitted spectrum × transfer factor)"
+        pick, measured = choose(probe, cands, list(range(len(trials), len(trials) + len(check))), opts["target"])
         kept = []
         for cand in cands:
             layer, rows = cand.layer, stats[cand.layer.key].rows_per_sample
             name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
-            losses = ", ".join(f"{r}:{loss:.1e}" for r, _s, loss in cand.options)
+            step = max(len(cand.options) // 8, 1)  # at most ~8 ranks in the note
+            losses = ", ".join(f"{r}:{loss:.1e}" for r, _s, loss in cand.options[::step])
+            if cand.scale is not None:
+                losses += f"; transfer factor {cand.scale:.3g}"
             r = pick.get(id(cand))
             if r is None:
                 result.skip("not worth its measured loss")
-                lines.append(f"{name}: kept (cross-fitted loss per rank {losses})")
+                lines.append(f"{name}: kept ({how} loss per rank {losses})")
                 continue
             a, b = cand.full.factors(r)
             apply(model, layer, a, b)
@@ -220,7 +256,7 @@ class SvdPass(Pass):
             kept.append(plan)
             result.rewrite(f"{layer.kind} → 2 × {'conv' if layer.kind == 'conv' else 'matmul'}")
             lines.append(f"{name}: r={r} (break-even {breakeven_rank(layer.k, layer.n)}, "
-                         f"{1 - plan.flops_after / cand.flops_before:.0%} of its FLOPs removed; cross-fitted "
+                         f"{1 - plan.flops_after / cand.flops_before:.0%} of its FLOPs removed; {how} "
                          f"loss per rank {losses})")
         return kept, measured, lines
 
@@ -260,9 +296,12 @@ class SvdPass(Pass):
 
     @staticmethod
     def _rule(opts, alloc: bool = False) -> str:
-        if alloc:
+        if alloc and opts["alloc"] == "sensitivity":
             return (f"measured sensitivity (cross-fitted 1 − cos per layer and rank, one budget for the model: "
                     f"largest saving holding output cosine ≥ {opts['target']})")
+        if alloc:
+            return (f"spectrum sensitivity (cross-fitted layer error × one measured transfer factor per layer, "
+                    f"one budget for the model: largest saving holding output cosine ≥ {opts['target']})")
         for key in ("rank", "ratio", "energy"):
             if opts[key]:
                 return f"{key}={opts[key]}"

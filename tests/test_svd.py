@@ -331,11 +331,12 @@ def two_layer_model(rng, noise=0.01):
                       [("x", [16, 64])], {"cheap": cheap, "full": 3 * w((64, 64))})
 
 
-def test_sensitivity_allocation_factorises_the_cheap_layer(rng):
+@pytest.mark.parametrize("alloc,rule", [("auto", "spectrum sensitivity"), ("sensitivity", "measured sensitivity")])
+def test_sensitivity_allocation_factorises_the_cheap_layer(alloc, rule, rng):
     model = two_layer_model(rng)
     calib = CalibrationFeed(input_specs(model), None, num_samples=24).take(24)
-    out, entry = run_svd(model, "svd(measure=false)", calib)  # ≥ 16 samples: alloc=auto → sensitivity
-    assert any("measured sensitivity" in note for note in entry.notes)
+    out, entry = run_svd(model, f"svd(measure=false,alloc={alloc})", calib)  # ≥ 16 samples: auto → spectrum
+    assert any(rule in note for note in entry.notes)
     assert entry.rewrites == {"matmul → 2 × matmul": 1}
     names = {t.name for t in out.graph.initializer}
     assert "full" in names and "cheap" not in names
@@ -344,11 +345,12 @@ def test_sensitivity_allocation_factorises_the_cheap_layer(rng):
     assert 0 < entry.metrics["flops_removed"] < 0.5
 
 
-def test_sensitivity_allocation_spends_a_looser_budget(rng):
+@pytest.mark.parametrize("alloc", ["spectrum", "sensitivity"])
+def test_sensitivity_allocation_spends_a_looser_budget(alloc, rng):
     model = two_layer_model(rng, noise=0.3)
     calib = CalibrationFeed(input_specs(model), None, num_samples=24).take(24)
-    _, strict = run_svd(model, "svd(measure=false,target=0.9999)", calib)
-    _, loose = run_svd(model, "svd(measure=false,target=0.9)", calib)
+    _, strict = run_svd(model, f"svd(measure=false,target=0.9999,alloc={alloc})", calib)
+    _, loose = run_svd(model, f"svd(measure=false,target=0.9,alloc={alloc})", calib)
     assert strict.metrics["flops_removed"] < loose.metrics["flops_removed"]
     assert loose.metrics["target_cosine_measured"] >= 0.9
     assert strict.metrics.get("target_cosine_measured", 1.0) >= 0.9999
@@ -364,3 +366,117 @@ def test_allocations_order_by_saving():
     assert savings == sorted(savings) and len(picks) == 3
     assert picks[0] == {id(cheap): 8} and picks[1] == {id(cheap): 4}
     assert picks[-1] == {id(cheap): 4, id(costly): 8}
+
+
+def test_shrinkage_matches_ledoit_wolf_on_a_known_covariance(rng):
+    """The weight from the closed-form sums equals the Ledoit–Wolf formula computed term by term,
+    and shrinks more when the samples see the covariance less well."""
+    cov = np.diag(np.linspace(0.5, 4.0, 12))
+    x = rng.multivariate_normal(np.zeros(12), cov, size=40)
+    s = x.T @ x / len(x)
+    mu = np.trace(s) / 12
+    d2 = np.sum((s - mu * np.eye(12)) ** 2)
+    b2 = sum(np.sum((np.outer(r, r) - s) ** 2) for r in x) / len(x) ** 2
+    expected = min(b2, d2) / d2
+    got = shrinkage(s, len(x), float(np.sum(np.sum(x**2, 1) ** 2)), damping=0.0)
+    assert abs(got - expected) < 1e-12 and 0.05 < got < 0.95
+    many = rng.multivariate_normal(np.zeros(12), cov, size=4000)
+    s_many = many.T @ many / len(many)
+    assert shrinkage(s_many, len(many), float(np.sum(np.sum(many**2, 1) ** 2)), damping=0.0) < got / 10
+    # the shrunk estimate is closer to the true covariance than the sample one (40 rows, 12 dims)
+    shrunk = (1 - got) * s + got * mu * np.eye(12)
+    assert np.linalg.norm(shrunk - cov) < np.linalg.norm(s - cov)
+
+
+def test_padding_rows_are_left_out_of_the_statistics(rng):
+    from onnxslim_kit.passes._svd_stats import collect, match
+
+    import onnx_graphsurgeon as gs
+
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[1, 6, 4] x, int64[1, 6] m) => (float[1, 6, 3] y, int64[1, 6] mo) {
+            y = MatMul(x, w)
+            mo = Identity(m)
+        }""")
+    model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w"))
+    graph = gs.import_onnx(model)
+    layer = match(graph.nodes[0], graph, graph)
+    x = rng.standard_normal((1, 6, 4)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 0, 0]], np.int64)
+    x[0, 4:] = 50.0  # padding rows: large, must not count
+    sample = {"x": x, "m": mask}
+    masked = collect(model, [layer], [sample], want_gram=True, mask="m")[layer.key]
+    plain = collect(model, [layer], [sample], want_gram=True)[layer.key]
+    real = x[0, :4].astype(np.float64)
+    assert masked.gram_rows == 4 and plain.gram_rows == 6
+    assert masked.rows_per_sample == 6  # FLOPs still count every row
+    np.testing.assert_allclose(masked.normalized_gram, real.T @ real / 4, rtol=1e-6)
+    assert not np.allclose(plain.normalized_gram, masked.normalized_gram)
+
+
+def test_statistics_of_samples_of_their_own_length_keep_the_largest_shape(rng):
+    from onnxslim_kit.passes._svd_stats import collect, match
+
+    import onnx_graphsurgeon as gs
+
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[1, N, 4] x) => (float[1, N, 3] y) { y = MatMul(x, w) }""")
+    model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w"))
+    graph = gs.import_onnx(model)
+    layer = match(graph.nodes[0], graph, graph)
+    samples = [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (5, 9, 3)]
+    entry = collect(model, [layer], samples, want_gram=True)[layer.key]
+    assert entry.rows_per_sample == 9 and entry.shape == (1, 9, 4) and entry.gram_rows == 17
+    rows = np.concatenate([s["x"][0] for s in samples]).astype(np.float64)
+    np.testing.assert_allclose(entry.normalized_gram, rows.T @ rows / 17, rtol=1e-6)
+
+
+def test_crossfit_error_matches_the_other_halfs_output_error(rng):
+    from onnxslim_kit.passes._svd_alloc import Candidate, crossfit_error
+
+    mix = rng.standard_normal((16, 16)) * np.linspace(0.2, 2, 16)
+    x = [rng.standard_normal((300, 16)) @ mix for _ in range(2)]
+    w = rng.standard_normal((16, 10))
+    grams = tuple(h.T @ h / len(h) for h in x)
+    halves = tuple(Factorization(w, g, len(h), float(np.sum(np.sum(h**2, 1) ** 2))) for g, h in zip(grams, x))
+
+    class Layer:
+        matrix = w
+
+    err = crossfit_error(Candidate(Layer, None, halves, 1, half_grams=grams))
+    for r in (2, 5, 9):
+        direct = [1 - cosine(other @ w, other @ np.matmul(*f.factors(r))) ** 2 for f, other in zip(halves, x[::-1])]
+        assert abs(err[r - 1] - np.mean(direct)) < 1e-9
+    assert err[-1] < 1e-12 and np.all(np.diff(err) <= 1e-12)
+
+
+def test_spectrum_predicts_the_measured_loss_of_one_layer(rng):
+    """One MatMul: the end-to-end loss is the layer's own, 1 − cos ≈ ε/2, so the estimate made from
+    one measured rank predicts the others (the transfer factor is ≈ ½)."""
+    from onnxslim_kit.passes._svd_alloc import Candidate, Probe, crossfit_error, spectral, weight_value
+    from onnxslim_kit.passes._svd_stats import collect, match
+
+    import onnx_graphsurgeon as gs
+
+    mix = rng.standard_normal((32, 32)) * np.geomspace(0.05, 2, 32)
+    w = rng.standard_normal((32, 32))
+    model = model_with([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [64, 32])], {"w": w})
+    samples = [{"x": (rng.standard_normal((64, 32)) @ mix).astype(np.float32)} for _ in range(40)]
+    graph = gs.import_onnx(model)
+    layer = match(graph.nodes[0], graph, graph)
+    stats = collect(model, [layer], samples, want_gram=True)[layer.key]
+    halves = [stats.half(i) for i in (0, 1)]
+    cand = Candidate(layer, Factorization(layer.matrix, stats.normalized_gram, stats.gram_rows, stats.fourth),
+                     tuple(Factorization(layer.matrix, *h) for h in halves), 64 * 32 * 32,
+                     half_grams=tuple(h[0] for h in halves))
+    probe = Probe(model, samples)
+    ranks = [4, 8, 12, 16]
+    spectral(probe, cand, ranks, lambda r: 64 * r * 64, list(range(16)))
+    assert 0.3 < cand.scale < 0.7
+    measured = probe.layer_losses(layer, [(weight_value(layer, np.matmul(*cand.full.factors(r))), list(range(16, 40)))
+                                          for r in ranks])
+    for (_r, _saved, predicted), got in zip(cand.options, measured):
+        assert predicted == pytest.approx(got, rel=0.35)
+    assert crossfit_error(cand)[3] > crossfit_error(cand)[15]
