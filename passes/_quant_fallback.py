@@ -48,7 +48,7 @@ Search (each step builds the model with a set of int8 layers and scores it):
 
 Scoring runs the first sample alone and, when the samples are small (≤ 1 MB of inputs),
 stack along a free batch axis and give the original model's per-sample outputs when
-batched, the rest as one batch (per-run overhead dominates small models; not for
+batched, the rest in batches of ``BATCH_SAMPLES`` (per-run overhead dominates small models; not for
 candidates with DynamicQuantizeLinear, whose range spans the batch).
 
 The search only needs *pass / fail* at each ``k``, so a trial stops at the first sample
@@ -65,6 +65,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
@@ -81,9 +82,12 @@ from onnxslim_kit.runtime import (
 from onnxslim_kit.runtime import run as run_once
 from onnxslim_kit.streaming import set_location
 
+from ._quant_smooth import is_lazy
+
 METRICS = ("cos", "top1")
 DECISION_CLASSES = 32  # Softmax outputs over at most this many classes are also judged by their decisions
-BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run as one batch
+BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run batched ...
+BATCH_SAMPLES = 4  # ... this many at a time (MiniLM, 7 samples in one run: +40 MB during the run, 4: +24)
 BATCH_COUPLED = {"DynamicQuantizeLinear"}  # ops whose result for one sample depends on the others
 STAND_IN = "stand-in.bin"  # SharedWeights: the sparse file external stubs name
 
@@ -151,7 +155,7 @@ class SharedWeights:
         self.folder = None  # TemporaryDirectory holding the sparse stand-in file
         self.folder_size = 0
         for tensor in graph.tensors().values():
-            values = getattr(tensor, "values", None)
+            values = None if is_lazy(tensor) else getattr(tensor, "values", None)  # smoothed weights stay lazy
             if isinstance(values, np.ndarray) and values.size >= min_size:
                 self.cached[id(values)] = self._entry(values)
 
@@ -162,13 +166,15 @@ class SharedWeights:
 
     def strip(self, graph) -> None:
         """Give ``graph``'s (a trial copy's) large constants empty placeholders; the copy's
-        Constant objects are its own, the arrays are never touched."""
+        Constant objects are its own, the arrays are never touched. The graph's constant-only
+        nodes are put first too (:func:`constants_first`)."""
         self.pending = {}
         for tensor in graph.tensors().values():
             values = getattr(tensor, "values", None)
             if isinstance(tensor, gs.Constant) and isinstance(values, np.ndarray) and values.size >= self.min_size:
                 self.pending[tensor.name] = self.cached.get(id(values)) or self._entry(values)
                 tensor.values = np.empty(0, values.dtype)
+        constants_first(graph)
 
     def _stand_in(self, nbytes: int) -> str:
         """The folder of a sparse file of at least ``nbytes`` (no disk blocks, no memory)."""
@@ -180,7 +186,10 @@ class SharedWeights:
             self.folder_size = nbytes
         return self.folder.name
 
-    def session(self, proto):
+    def session(self, proto, prepack: bool = True):
+        """A session of ``proto`` (exported after :meth:`strip`) on the arrays themselves.
+        ``prepack=False``: ORT keeps no packed copy of the constant float MatMul weights (the
+        gated ranking: MiniLM 40 MB less; the same ranking measured on MiniLM)."""
         used = []
         for init in proto.graph.initializer:
             entry = self.pending.get(init.name)
@@ -191,6 +200,8 @@ class SharedWeights:
             set_location(init, STAND_IN, 0, entry[0].nbytes)
             used.append(init.name)
         so = session_options("disable", 1)
+        if not prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
         so.enable_cpu_mem_arena = False  # the arena keeps each run's peak for the session's life (MiniLM gated
         # ranking: +160 MB held over 47 runs); without it intermediates go back as they are freed
         if used:
@@ -204,10 +215,48 @@ class SharedWeights:
         return session
 
 
+def constants_first(graph) -> None:
+    """Put the nodes that compute from constants only (a weight's DequantizeLinear, the
+    ``weights`` rung's Cast → Mul) first in ``graph.nodes``, in their order.
+
+    ONNX Runtime orders a session's nodes by a depth-first walk up from the outputs that
+    visits a node's producers highest index first: a weight's DQ appended after the layers
+    ran before everything upstream of its layer, so every layer's float weight was alive at
+    once (MiniLM, every layer static: +34 MB per run). First in the list, each runs just before
+    its reader (+6 MB). The order changes no number."""
+    known = {}
+
+    def constant_only(node) -> bool:
+        if id(node) not in known:
+            known[id(node)] = False  # a cycle (never in a valid graph) counts as not constant
+            known[id(node)] = all(isinstance(t, gs.Constant) or (t.inputs and constant_only(t.inputs[0]))
+                                  or (not t.inputs and not t.name) for t in node.inputs)
+        return known[id(node)]
+
+    graph_inputs = {id(t) for t in graph.inputs}
+    first = [n for n in graph.nodes if not any(id(t) in graph_inputs for t in n.inputs) and constant_only(n)]
+    if first:
+        chosen = {id(n) for n in first}
+        graph.nodes = first + [n for n in graph.nodes if id(n) not in chosen]
+
+
 def trial_copy(model):
     """A copy of ``model`` to try things on: arrays shared (never mutated), the set of used
     names shared too (a trial's fresh names only reserve more names in the original)."""
     return replace(model, graph=model.graph.copy())
+
+
+def export_trial(trial) -> onnx.ModelProto:
+    """``trial.to_proto()``, then the trial graph taken apart: its nodes and tensors refer to
+    each other, so a dropped trial (and the arrays only it holds: a smoothed weight read for a
+    session) waited for the cycle collector; apart, each goes as soon as it is dropped
+    (MiniLM search: ~10 MB of dead trials held)."""
+    proto = trial.to_proto()
+    for node in trial.graph.nodes:
+        node.inputs.clear()
+        node.outputs.clear()
+    trial.graph.nodes.clear()
+    return proto
 
 
 def activations(model, names: list, samples, lazy: bool = False):
@@ -221,7 +270,7 @@ def activations(model, names: list, samples, lazy: bool = False):
     shared = SharedWeights(model.graph)
     trial = trial_copy(model)
     shared.strip(trial.graph)
-    proto = trial.to_proto()
+    proto = export_trial(trial)
     add_outputs(proto, names)  # a fresh proto without the shared weights: no copy needed
     session = shared.session(proto)
     wanted = list(dict.fromkeys(names))
@@ -298,21 +347,29 @@ class Scorer:
 
     def _outputs(self, session, extra: dict | None, batch: bool = True):
         """``(sample index, outputs)`` in order: the first sample alone (a failing candidate
-        mostly fails there), the others in one batched run when the model takes any batch
-        size (per-run overhead dominates small models: MiniLM), else one run each."""
+        mostly fails there), the others in batched runs of ``BATCH_SAMPLES`` when the model
+        takes any batch size (per-run overhead dominates small models: MiniLM), else one run
+        each."""
         feed = (lambda s: {**s, **extra}) if extra else (lambda s: s)
         self.runs += 1
         yield 0, run(session, feed(self.samples[0]))
         rest = len(self.samples) - 1
         if batch and self.batch is not None and all(not isinstance(i.shape[0], int) for i in session.get_inputs()
                                           if i.name in self.batch and i.shape):
-            self.runs += 1
-            got = run(session, feed(self.batch))
-            if all(np.ndim(v) and np.shape(v)[0] == rest for v in got.values()):
-                for j in range(rest):
-                    yield j + 1, {k: v[j:j + 1] for k, v in got.items()}
+            for start in range(0, rest, BATCH_SAMPLES):
+                size = min(BATCH_SAMPLES, rest - start)
+                self.runs += 1
+                got = run(session, feed({k: v[start:start + size] for k, v in self.batch.items()}))
+                if not all(np.ndim(v) and np.shape(v)[0] == size for v in got.values()):
+                    break  # the session did not batch: one run per sample for the rest
+                for j in range(size):
+                    yield start + j + 1, {k: v[j:j + 1] for k, v in got.items()}
+            else:
                 return
-        for i in range(1, len(self.samples)):
+            rest_from = start + 1
+        else:
+            rest_from = 1
+        for i in range(rest_from, len(self.samples)):
             self.runs += 1
             yield i, run(session, feed(self.samples[i]))
 

@@ -11,7 +11,8 @@ options and the sensitivity fallback switch between int8 and float). Conditions:
    table is stored uint8 per tensor over its ``[min, max]`` and the Gather's output gets a Q
    with the *same* scale and zero point, so that ORT drops the DQ/Q pair and gathers 8-bit
    rows (uint8 because ORT turns int8 activation Q/DQ into uint8 on x86, which would break
-   the pair).
+   the pair); written as ``Gather(T_q) → DQ → Q → DQ`` (:func:`._quant_qdq.gather_then_dequantize`:
+   no float table in a session without optimisations; ORT makes the same graph).
 
 The Q/DQ *points* of a layer, as ORT's QDQ fusion expects them (``DQ → op → Q``): every
 activation input, and its output — or, when the output's only reader is a Relu / Clip, that

@@ -23,6 +23,7 @@ import onnx_graphsurgeon as gs
 
 from ._graph import consumers, new_constant
 from ._quant_dynamic import dynamic_matmul
+from ._quant_smooth import weight_array
 
 INT32_MAX = 2**31 - 1
 QRANGE = {"uint8": (0, 255, np.uint8), "int8": (-128, 127, np.int8)}
@@ -49,10 +50,12 @@ def activation_params(lo: float, hi: float, dtype: str = "uint8") -> tuple:
 
 def weight_scales(w: np.ndarray, axis: int | None) -> np.ndarray:
     """Symmetric int8 scales: per channel along ``axis`` (1-D) or per tensor (0-D)."""
+    # max |w| as max(max w, −min w): the same values without an |w| copy of the weight
     if axis is None:
-        amax = np.abs(w).max() if w.size else 0.0
+        amax = max(float(w.max()), -float(w.min())) if w.size else 0.0
     else:
-        amax = np.abs(np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)).max(axis=1)
+        other = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
+        amax = np.maximum(w.max(axis=other), -w.min(axis=other)) if other else np.abs(w)
     amax = np.asarray(amax, dtype=np.float64)
     return np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
 
@@ -67,7 +70,8 @@ def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None) -> np.n
         -127, 127))
 
 
-ROWS_BYTES = 8 << 20  # float64 temporaries of a weight's encoding, at most, per block of rows
+ROWS_BYTES = 1 << 20  # float64 temporaries of a weight's encoding, at most, per block of rows (small blocks: malloc
+# reuses them; 8 MB blocks grew the heap by ~20 MB during MiniLM's first trial build)
 
 
 def by_rows(w: np.ndarray, dtype, fn) -> np.ndarray:
@@ -112,14 +116,16 @@ def dequantize_constant(model, graph: gs.Graph, values_q: np.ndarray, scale: np.
 
 
 def gather_then_dequantize(graph: gs.Graph) -> int:
-    """For the sessions of the search only: ``Gather(DQ(T_q), i)`` → ``DQ(Gather(T_q, i))`` where
-    a table's per-tensor DequantizeLinear has one reader, a Gather of this graph; returns the count.
+    """``Gather(DQ(T_q), i)`` → ``DQ(Gather(T_q, i))`` where a table's per-tensor
+    DequantizeLinear has one reader, a Gather of this graph; returns the count.
 
     The same numbers (a per-tensor DQ is ``(q − z)·s`` element by element, Gather only picks
     elements), but a run dequantizes the rows it gathers instead of the whole table (MiniLM:
-    47 MB of float table made and dropped on every scoring run). The two nodes are rewired,
-    no name is taken (trial names are reserved in the original: the output stays the same).
-    The written model keeps the table's DQ (what ORT fuses).
+    47 MB of float table made and dropped on every run of a session without ORT's
+    optimisations: the search's, the verifier's). With its optimisations ORT makes the same
+    graph of both forms (an integer Gather, then DQ; measured on MiniLM: same nodes, outputs
+    bitwise equal), so :func:`apply_plan` writes this form. The two nodes are rewired, no
+    name is taken.
     """
     count, here = 0, {id(n) for n in graph.nodes}
     for dq in [n for n in graph.nodes if n.op == "DequantizeLinear"]:
@@ -314,6 +320,7 @@ def apply_plan(model, plan, enabled: set, result=None, fallback=None) -> int:
             _quantize_weights(model, graph, node, spec, plan)
         if result is not None:
             result.rewrite(f"{node.op}→int8")
+    gather_then_dequantize(graph)
     return len(chosen)
 
 
@@ -327,7 +334,7 @@ def _encoded(plan, spec, kind: str, make):
 
 def _weight_only(node, spec, plan) -> tuple:
     """(int8 weight, scales shaped to broadcast against it)."""
-    w = np.asarray(node.inputs[spec.weight_index].values)
+    w = weight_array(node.inputs[spec.weight_index])
     axis = spec.weight_axis if plan.per_channel else None
     scales = weight_scales(w, axis)
     shape = [1] * w.ndim
@@ -360,7 +367,13 @@ def scaled_cast(model, graph, values_q: np.ndarray, scales: np.ndarray) -> gs.Va
 def _dynamic(model, graph, node, spec, plan) -> gs.Node:
     """The ``dynamic`` rung for a MatMul / Gemm layer; returns its DynamicQuantizeLinear."""
     def encode():
-        w = np.asarray(node.inputs[spec.weight_index].values)
+        if spec.op == "MatMul" and spec.bias_index is None and plan.per_channel:
+            # per output column, no bias: the static encoding's arrays (the same numbers, held once)
+            wq, scales, axis, _, _ = _encoded(plan, spec, ("static", spec.name in plan.bias_shift),
+                                              lambda: _encode_weights(node, spec, plan))
+            if axis == 1:
+                return wq, scales, None
+        w = weight_array(node.inputs[spec.weight_index])
         w = w.T if spec.op == "Gemm" and spec.weight_axis == 0 else w  # transB: as [K, N]
         axis = 1 if plan.per_channel else None
         scales = weight_scales(w, axis)
@@ -390,15 +403,15 @@ def _quantize_weights(model, graph: gs.Graph, node: gs.Node, spec, plan) -> None
 
 def _encode_weights(node: gs.Node, spec, plan) -> tuple:
     """(weight q, scales, axis, zero point or None, (bias q, bias scales) or None)."""
-    w = np.asarray(node.inputs[spec.weight_index].values)
-    axis = spec.weight_axis if plan.per_channel else None
-    scales = weight_scales(w, axis)
+    w = weight_array(node.inputs[spec.weight_index])
     if not spec.inputs:  # a Gather table: encoded like the Q after the Gather (see _quant_plan)
         scale, zero = plan.params[spec.output]
         info = np.iinfo(np.asarray(zero).dtype)
         q = by_rows(w, np.asarray(zero).dtype, lambda part, _: np.clip(
             np.round(part.astype(np.float64) / float(scale)) + int(zero), info.min, info.max))
         return q, scale, None, zero, None
+    axis = spec.weight_axis if plan.per_channel else None
+    scales = weight_scales(w, axis)  # (not for a table: |T| of MiniLM's would be 47 MB more, unused)
     x_scale = float(plan.params[spec.inputs[0]][0])
     has_bias = spec.bias_index is not None and spec.bias_index < len(node.inputs)
     shift = plan.bias_shift.get(spec.name)

@@ -180,10 +180,12 @@ def test_embedding_table_is_gathered_in_int8(tmp_path):
     inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
     nodes = {o: n for n in out.graph.node for o in n.output}
     gather = next(n for n in out.graph.node if n.op_type == "Gather")
-    table_dq = nodes[gather.input[0]]
-    q_after = next(n for n in out.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == gather.output[0])
+    assert gather.input[0] in inits and inits[gather.input[0]].dtype == np.uint8  # gathers the integer table
+    table_dq = next(n for n in out.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == gather.output[0])
+    q_after = next(n for n in out.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == table_dq.output[0])
+    assert gather.input[0] not in nodes and table_dq.input[0] == gather.output[0]
     assert inits[table_dq.input[1]] == inits[q_after.input[1]]  # same scale: ORT can drop the pair
-    assert inits[table_dq.input[0]].dtype == np.uint8 == inits[q_after.input[2]].dtype
+    assert inits[table_dq.input[2]].dtype == np.uint8 == inits[q_after.input[2]].dtype
     assert inits[table_dq.input[2]] == inits[q_after.input[2]]
     fused = optimized_ops(out, tmp_path)
     opt = onnx.load(str(tmp_path / "opt.onnx"))
