@@ -9,14 +9,14 @@ sensitivity allocation removed 0.59 of the MACs where the ranked selection it wa
 removed 0.46, and lost every decision). Here the cost of the pruned model is recomputed per
 node instead::
 
-    cost(n) = w_n · Π_{d ∈ dims(n)} ⌈k_d⌉_b / C_d
+    cost(n) = w_n · Π_{d ∈ dims(n)} ⌈k_d⌉_b / ⌈C_d⌉_b
 
 with ``w_n`` the node's full cost, ``dims(n)`` its channel dimensions that carry a layout (a
 source's output channels, a consumer's input channels, a depthwise conv's or a pass-through
 node's one channel dimension), ``C_d`` their full count, ``k_d`` the count kept, and ``⌈k⌉_b``
 ``k`` rounded up to a multiple of ``block`` (ONNX Runtime's CPU kernels work on blocks of 8
-(AVX2) or 16 (AVX-512) channels: a Conv with 24 output channels costs as much as one with 32;
-``block=1`` gives exact MACs). ``w_n`` is the node's multiply-accumulates (weighted nodes only),
+(AVX2) or 16 (AVX-512) channels: a Conv with 24 output channels costs as much as one with 32,
+so cutting it to 16 saves half of it, not a third; ``block=1`` gives exact MACs). ``w_n`` is the node's multiply-accumulates (weighted nodes only),
 or its measured kernel time (``cost=latency``, :mod:`._prune_latency`; there pass-through
 nodes — activations, pooling, elementwise — count too).
 
@@ -94,14 +94,14 @@ class CostModel:
         self.removed = dict.fromkeys(self.size, 0)
 
     def full(self) -> float:
-        """Cost with nothing removed (channel counts rounded up to ``block`` as well)."""
-        return sum(self._node(i, {}) for i in range(len(self.nodes)))
+        """Cost with nothing removed: Σ w_n."""
+        return sum(w for w, _ in self.nodes)
 
     def _node(self, i: int, counts: dict) -> float:
         w, dims = self.nodes[i]
         for name in dims:
             size = self.size[name]
-            w *= _ceil(size - counts.get(name, self.removed[name]), self.block) / size
+            w *= _ceil(size - counts.get(name, self.removed[name]), self.block) / _ceil(size, self.block)
         return w
 
     def counts(self, units) -> dict:

@@ -50,7 +50,7 @@ from ._prune_apply import expand
 from ._prune_importance import unit_costs
 
 SQUASHING = ("Softmax", "LogSoftmax", "Sigmoid")
-RUN_MACS = 1.6e12  # budget of the loss curves: runs × multiply-accumulates touched by prunable units
+RUN_MACS = 4e11  # budget of the loss curves: runs × multiply-accumulates touched by prunable units
 MAX_RUNS = 4096
 WANTED_LEVELS = 16  # levels per group before samples per configuration go above 1
 MIN_LEVELS, MAX_LEVELS = 3, 32
@@ -277,5 +277,5 @@ def sensitivity_select(cg, teacher, stats: dict, samples: list, scores: dict, co
         if joint_other < joint and cost_model.saved(other) >= min(target, cost_model.saved(removed)):
             result.skip("alloc=sensitivity: the ranked selection measured a smaller loss, kept")
             removed = other
-    result.metrics["budget_saved"] = [round(target, 1), round(cost_model.saved(removed), 1)]
+    result.metrics["budget_saved"] = [float(f"{target:.4g}"), float(f"{cost_model.saved(removed):.4g}")]
     return removed

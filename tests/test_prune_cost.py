@@ -59,12 +59,16 @@ def test_channel_blocks_round_kept_counts_up():
     proto = _chain()
     _, cg, _, _ = _analysed(proto, samples=1)
     per_pair = 8 * 8 * 9  # MACs of one (input, output) channel pair of b, c, d
-    exact, blocked = CostModel(cg), CostModel(cg, block=16)
-    assert blocked.full() == pytest.approx(exact.full() + 8 * 8 * 9 * 4 * 16)  # d: 12 outputs cost as 16
-    # 6 of a's 16 channels: exact saves their share; with blocks of 16 the 10 left still cost 16
+    exact, blocked, eights = CostModel(cg), CostModel(cg, block=16), CostModel(cg, block=8)
+    assert blocked.full() == exact.full() == pytest.approx(_macs(proto))
+    # 6 of a's 16 channels: exact saves their share; with blocks of 16 the 10 left still cost 16,
+    # with blocks of 8 they cost as 16 of 16 — a and b then run at 1/2 (a: 8 × 27 taps, b: 8 × 16 pairs)
     six = _group(cg, "a")[:6]
     assert exact.saved(six) == pytest.approx(6 * (8 * 8 * 27 + 16 * per_pair))
     assert blocked.saved(six) == 0.0
+    assert eights.saved(six) == 0.0
+    ten = _group(cg, "a")[:10]
+    assert eights.saved(ten) == pytest.approx(8 * (8 * 8 * 27 + 16 * per_pair))
 
 
 class _FakeProbe:
