@@ -101,7 +101,7 @@ def test_allocation_spends_the_exact_budget():
     assert got >= target
     apply(model, cg, removed, None)
     model.commit()
-    assert _macs(proto) - _macs(model.to_proto()) == pytest.approx(got, rel=1e-6)
+    assert _macs(proto) - _macs(model.to_proto()) == pytest.approx(got, rel=1e-3)  # metric: 4 digits
 
 
 def test_floor_raises_a_budget_the_ranking_leaves_small():
@@ -115,6 +115,6 @@ def test_floor_raises_a_budget_the_ranking_leaves_small():
                                  probe=_FakeProbe([]), floor=0.45)
     total = CostModel(cg).saved(a + b + c)
     target, got = result.metrics["budget_saved"]
-    assert target == pytest.approx(0.45 * total)
+    assert target == pytest.approx(0.45 * total, rel=1e-3)
     assert got >= target and len(removed) > 8
-    assert np.isclose(CostModel(cg).saved(removed), got)
+    assert np.isclose(CostModel(cg).saved(removed), got, rtol=1e-3)
