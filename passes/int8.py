@@ -72,7 +72,7 @@ from ._quant_fallback import (
     SharedWeights,
     activations,
     choose_fallback,
-    export_trial,
+    collect_trials,
     parse_target,
     trial_copy,
 )
@@ -213,9 +213,6 @@ class Int8Pass(Pass):
         if opts["cle"]:
             result.metrics["cle_pairs"] = equalize(model.graph, result)
         layers = self._layers(model, opts, result)
-        # the reference outputs first: the original's session is gone before calibration starts
-        scorer = Scorer(ctx.original, self._eval_samples(ctx), target[0]) \
-            if opts["fallback"] and target is not None else None
         start = time.perf_counter()  # the calibration phase: smoothing peaks, activation ranges
         groups = smooth_mod.smoothable(layers) if opts["smooth"] > 0 else {}
         stats, peaks, kept = self._calibrate(model, layers, ctx, sorted(groups))
@@ -229,12 +226,11 @@ class Int8Pass(Pass):
         del kept  # the kept activations (up to KEEP_BYTES) are not needed past here: not held through the search
         result.metrics["seconds_calibration"] = time.perf_counter() - start  # the plan's time added next
         try:
-            return self._quantize(model, ctx, result, layers, stats, unsmoothed, per_channel, scorer, target, ladder)
+            return self._quantize(model, ctx, result, layers, stats, unsmoothed, per_channel, target, ladder)
         finally:
             smooth_mod.realize(model.graph)  # smoothed weights still read (a layer kept float) get arrays
 
-    def _quantize(self, model, ctx, result, layers, stats, unsmoothed, per_channel, scorer, target,
-                  ladder) -> PassResult:
+    def _quantize(self, model, ctx, result, layers, stats, unsmoothed, per_channel, target, ladder) -> PassResult:
         """Steps 6–10 on the calibrated (and smoothed) model."""
         opts = ctx.options
         start = time.perf_counter()
@@ -252,10 +248,9 @@ class Int8Pass(Pass):
             result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
         enabled = {spec.name for spec in plan.layers}
         rungs = self._rungs(plan, ladder)
-        if scorer is not None and enabled:
+        if opts["fallback"] and target is not None and enabled:
             start = time.perf_counter()
-            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, scorer, ctx, result,
-                                            sensitivity)
+            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, ctx, result, sensitivity)
             result.metrics["seconds_fallback"] = round(time.perf_counter() - start, 2)
         else:
             rungs = {}
@@ -408,19 +403,21 @@ class Int8Pass(Pass):
     def _eval_samples(ctx) -> list:
         return ctx.feed.take(max(1, ctx.options["eval_samples"]))
 
-    def _fallback(self, model, plan, enabled, rungs, target, scorer, ctx, result, sensitivity) -> tuple:
+    def _fallback(self, model, plan, enabled, rungs, target, ctx, result, sensitivity) -> tuple:
         """(layers left static int8, ``{layer: rung}`` of the layers on a ladder rung): the
         smallest fallback that meets the target (:func:`._quant_fallback.choose_fallback`)."""
         metric, value = target
-        samples = scorer.samples
-        shared = scorer.shared = SharedWeights(model.graph)
+        samples = self._eval_samples(ctx)
+        shared = SharedWeights(model.graph)
+        scorer = Scorer(ctx.original, samples, metric, shared)
 
         def build(assign: dict):
+            collect_trials()
             trial = trial_copy(model)
             apply_plan(trial, plan, {n for n, c in assign.items() if c == "int8"},
                        fallback={n: c for n, c in assign.items() if c in RUNGS})
             shared.strip(trial.graph)
-            return export_trial(trial)  # ORT sorts the nodes itself; no commit needed
+            return trial.to_proto()  # ORT sorts the nodes itself; no commit needed
 
         names = [spec.name for spec in plan.layers]
         mode = ctx.options["sensitivity"]
@@ -434,12 +431,13 @@ class Int8Pass(Pass):
 
         def gated(todo: list) -> dict:
             """End-to-end sensitivities from one session (:func:`._quant_qdq.add_gated_twins`)."""
+            collect_trials()
             trial = trial_copy(model)
             gates = {n: g for n, g in add_gated_twins(trial, plan).items() if n in todo}
             unsmooth_float_path(trial.graph, plan)
             shared.strip(trial.graph)
             ranker.builds += 1
-            session = shared.session(export_trial(trial), prepack=False)
+            session = shared.session(trial.to_proto(), prepack=False)
             off = {g: np.array(False) for g in gates.values()}
             return {n: 1.0 - ranker.score_session(session, extra={**off, g: np.array(True)})
                     for n, g in ctx.progress(gates.items(), desc="int8 sensitivity", total=len(gates))}

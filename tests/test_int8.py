@@ -632,14 +632,14 @@ def test_smoothed_statistics_from_kept_inputs_equal_a_second_run(monkeypatch):
 
 
 def test_scorer_batches_small_samples_of_a_batch_free_model():
-    from onnxslim_kit.passes._quant_fallback import Scorer
+    from onnxslim_kit.passes._quant_fallback import BATCH_SAMPLES, Scorer
 
     model = build("h = MatMul (x, w1)\ny = Relu (h)", "float[N, 16] x", {"w1": w(16, 8)})
     int8_model, _ = quantize(model, "fallback=false")
     samples = [{"x": RNG.standard_normal((1, 16)).astype(np.float32)} for _ in range(5)]
     scorer = Scorer(model, samples, "cos")
     exact = scorer(int8_model)
-    assert scorer.runs == 2  # the first sample, then the other four as one batch
+    assert scorer.runs == 1 + -(-4 // BATCH_SAMPLES)  # the first sample, then the other four in batches
     per_sample = [cosine(run_ort(model, s)[0], run_ort(int8_model, s)[0]) for s in samples]
     assert exact == pytest.approx(min(per_sample), abs=1e-6)
     # DynamicQuantizeLinear ranges over the whole tensor: a candidate holding one is scored
