@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import gc
 import tempfile
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -249,10 +250,24 @@ def trial_copy(model):
 def collect_trials() -> None:
     """Free the dropped trial graphs: onnx-graphsurgeon's nodes and tensors refer to each
     other (and to themselves, through their input / output lists), so a dropped trial waits
-    for the cycle collector. Called before each trial is built (≈ 25 ms for MiniLM; its search
-    held ~15 MB of dead trials between collections)."""
+    for the cycle collector. Called before each trial is built (MiniLM's search held ~15 MB
+    of dead trials between collections); inside :func:`search_scope` only the objects made
+    since are walked."""
     gc.collect()
     give_back()
+
+
+@contextmanager
+def search_scope():
+    """While open, the objects that exist when it opens (the model, the modules) are left out
+    of the cycle collector's walks (``gc.freeze``; thawed on exit): :func:`collect_trials`
+    walks the trials only (MiniLM: 43 → 3 ms a call, 0.8 s of the pass before)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def activations(model, names: list, samples, lazy: bool = False):

@@ -74,6 +74,7 @@ from ._quant_fallback import (
     choose_fallback,
     collect_trials,
     parse_target,
+    search_scope,
     trial_copy,
 )
 from ._quant_io import make_integer_io
@@ -442,8 +443,10 @@ class Int8Pass(Pass):
             return {n: 1.0 - ranker.score_session(session, extra={**off, g: np.array(True)})
                     for n, g in ctx.progress(gates.items(), desc="int8 sensitivity", total=len(gates))}
 
-        chosen, score, _ = choose_fallback(names, build, scorer, value, rungs, ctx.progress, ctx.log, local, ranker,
-                                           refine, gated if ctx.options["gated_ranking"] and mode == "e2e" else None)
+        with search_scope():
+            chosen, score, _ = choose_fallback(names, build, scorer, value, rungs, ctx.progress, ctx.log, local,
+                                               ranker, refine,
+                                               gated if ctx.options["gated_ranking"] and mode == "e2e" else None)
         on_rung = {n: c for n, c in chosen.items() if c in RUNGS}
         float_layers = [n for n, c in chosen.items() if c == "float"]
         result.metrics["sensitivity"] = mode
