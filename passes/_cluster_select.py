@@ -25,8 +25,8 @@ alone cost less than 1e-4 of cosine. So the pass measures, on calibration data:
 
 The step-by-step choice this replaces (every layer moved up one step before any moved two,
 by damage per byte within the step) had to move *every* layer of PP-OCRv4 rec to the per-row
-step before any could reach k_high and missed the target there, so it ended with 31 layers at
-k_high and 16 float (0.30× the original); with prices: 0.19× (results
+step before any could reach k_high and missed the target there, so it ended with 30 layers at
+k_high and 17 float (0.30× the original); with prices: 0.19× (results
 ``cluster-2026-11-29-s3*.md``).
 
 All evaluations run in one ONNX Runtime session in which the candidate weights are

@@ -44,9 +44,9 @@ most, per byte, up a ladder: ``k`` with a codebook per row (``rows``, :mod:`._cl
 fewer of those), ``k_high`` centroids (256, uint8 indices, float16 codebook), float
 (:mod:`._cluster_select`). Weights inside If/Loop bodies are measured too. The chosen level
 per layer is in the notes. PP-OCRv4 rec (CTC over 6625 classes; k = 16 everywhere: output
-cosine 0.84 on held-out lines): without the per-row step 0.30× the original file, with it
-0.19× at the same target (per-step top-1 agreement 98.3 %, every string the same;
-``cluster-2026-11-29-s3*.md``). Measured on PP-OCRv4 det (``fuse,cluster(k=16)``, 16
+cosine 0.84 on held-out lines): session 2 (no per-row step, step-by-step selection) 0.334×
+the original file; now 0.186× at the same target (per-position top-1 agreement 98.6 % on 16
+evaluation lines, every string the same; ``cluster-2026-11-29-s3*.md``). Measured on PP-OCRv4 det (``fuse,cluster(k=16)``, 16
 calibration / 16 other evaluation pages): k = 16 everywhere 0.969 worst output cosine at 0.158×
 the file (session 1); target 0.99: 0.99205 on the held-out calibration pages but 0.98952 on
 the evaluation pages (agreement 97.8 %) at 0.151×; target 0.995 (the default since): 0.99532,
