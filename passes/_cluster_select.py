@@ -44,7 +44,7 @@ from onnx import helper
 from onnxslim_kit.metrics import compare, merge
 from onnxslim_kit.runtime import make_session, run
 
-from ._cluster_stream import group_bytes
+from ._cluster_stream import group_bytes, member_bytes
 
 FLOAT = None  # level of a layer left unclustered
 UNCHANGED = 1e-9  # 1 − cosine of equal outputs, float64 rounding
@@ -187,10 +187,10 @@ def _prices(costs: list, damages: list) -> list:
 def ladder(item, levels: list) -> list:
     """The item's levels (``levels`` in order of fidelity), without those that cost at least as
     many bytes as a later one (float included), then :data:`FLOAT`; a weight at the exact limit
-    of the first level stays there."""
+    of the first level, or one whose first level does not save bytes, stays there."""
     low = levels[0]
-    if np.unique(item.values).size <= low:
-        return [low]
+    if np.unique(item.values).size <= low or _bytes(item, low, low) >= _bytes(item, FLOAT, low):
+        return [low]  # exact; or not worth encoding at all (the encoder leaves it float, with that reason)
     steps, cheapest = [FLOAT], _bytes(item, FLOAT, low)
     for level in reversed(levels):
         cost = _bytes(item, level, low)
@@ -201,12 +201,14 @@ def ladder(item, levels: list) -> list:
 
 
 def _bytes(item, level, low: int) -> float:
-    """Bytes of ``item`` at ``level``: float, or labels + scales, plus a whole codebook above
-    ``low`` (a layer moved up often has no other layer of its layout at that level to share
-    it: 1 KB at k = 256, more than a small layer's float weights), plus the decoding nodes of
-    a weight with per-row codebooks (a group of its own)."""
+    """Bytes of ``item`` at ``level``: float; at ``low``, labels + scales (the codebook and
+    decoder shared with the layers of its layout); above ``low``, what the encoder counts for a
+    group of its own — codebook and decoding nodes included (a layer moved up often has no other
+    layer of its layout at that level: a 256-entry codebook and its nodes cost more than the
+    float weights of MTCNN P-Net's first conv)."""
     if level is FLOAT:
         return item.values.nbytes
     clustered = item.levels[level]
-    cost = clustered.stored_bytes() + (clustered.codebook.nbytes if level != low and clustered.share else 0)
-    return cost + (group_bytes([clustered], False) if level is ROWS else 0)
+    if level == low:
+        return clustered.stored_bytes()
+    return member_bytes(clustered, False) + group_bytes([clustered], False)

@@ -86,3 +86,21 @@ def test_k_high_codebook_is_stored_as_float16(rng):
     assert rel < 0.01
     _, small = run_cluster(matmul(weight), "cluster(k=16,target=0)")
     assert small.metrics["bytes_after"] < entry.metrics["bytes_after"]
+
+
+@pytest.mark.parametrize("shape", [(256, 64), (64, 256)])
+def test_row_byte_estimates_follow_the_file(shape, rng):
+    """What the selector and the encoder count for a weight with per-row codebooks (labels,
+    float16 books, Reshape / GatherElements / Cast / Reshape / Transpose) against the file."""
+    from onnxslim_kit.passes import _cluster_stream as stream
+    from onnxslim_kit.passes._cluster_encode import Clustered
+
+    weight = rng.standard_normal(shape).astype(np.float32)
+    model = matmul(weight)
+    _, entry = run_cluster(model, "cluster(k=16,per_channel=true,target=0)")
+    added = entry.metrics["bytes_after"] - (entry.metrics["bytes_before"] - stream.float_bytes(weight))
+    axis = 1 if shape[1] <= shape[0] else 0  # the axis with fewer slices
+    member = Clustered(np.zeros((shape[axis], 16), np.float16), np.zeros(shape, np.int64), None, True, axis,
+                       dtype=np.float32)
+    estimate = stream.stream_bytes([[member]]) + stream.group_bytes([member], False) + stream.member_bytes(member, False)
+    assert abs(added - estimate) < 0.05 * added, (added, estimate)
