@@ -32,7 +32,8 @@ while others are forgiven by what follows. Here the model's *outputs* are measur
    groups are taken as additive (first order).
 4. **Check.** The loss of the whole allocation and of ``fallback`` (the ranked selection saving
    as much) are measured together; the smaller one is kept. (Additivity fails for large cuts: on
-   ppocrv4_det at ``ratio=0.3`` the allocation's joint loss was 0.014, the ranked one's 0.129.)
+   ppocrv4_det at ``ratio=0.3`` the allocation's joint loss was 0.014, the ranked one's 0.129, in an
+   exploratory run.)
 
 So ``alloc=sensitivity`` removes as much compute as its budget asks, distributed differently; the
 re-fit (:mod:`._prune_refit`) runs after it as before.

@@ -6,13 +6,15 @@ Modes (chosen by the options):
   read (all-zero filters, possibly with a bias ``b`` → ``f(b)`` after activations) are removed
   from every tensor of their dependency group; their constant contribution moves into the
   consumers' biases (:mod:`._prune_strip`, :mod:`._prune_apply`).
-* ``ratio=r`` — structured pruning. **What ``r`` means:** the pruned model has lost at least the
+* ``ratio=r`` — structured pruning. **What ``r`` means** (``alloc=sensitivity``, the default, with
+  ``scope=global`` and no ``max_loss``): the pruned model has lost at least the
   fraction ``r`` of the *prunable compute* (the MACs of the Conv/Gemm/MatMul channels that can be
   cut, counted with channel counts rounded up to blocks of ``multiple`` as ONNX Runtime's CPU
   kernels compute them; with ``cost=latency`` the measured milliseconds of the nodes those channels
   touch), and at least what the fraction ``r`` of the prunable channel units with the lowest
   importance carries — whichever is more (the least important channels can sit in the costly
-  layers, then more than ``r`` goes). With ``alloc=sensitivity`` (default) that budget is spread
+  layers, then more than ``r`` goes), as far as ``max_ratio``, ``min_channels`` and ``multiple``
+  allow. That budget is spread
   over the groups by the measured loss of the model's outputs per saved cost and checked against
   the ranked selection (:mod:`._prune_sensitivity`, :mod:`._prune_cost`); with ``alloc=rank`` the
   fraction ``r`` of the prunable units with the lowest importance (``criterion``, default
@@ -39,10 +41,10 @@ pruned (convs inside If/Loop bodies are left alone).
 
 Why ``multiple=16`` is the default: ONNX Runtime's CPU convolutions work on blocks of 16
 channels with AVX-512 (8 with AVX2; a multiple of 16 is one of 8 too) — a 3×3 conv 96→24 on
-120×160 takes as long as 96→32 (10.2 ms both), 96→16 takes 5.3 ms — so a channel count between
-two blocks buys nothing: MTCNN-O at ``ratio=0.3`` ran at 0.87 of ``fuse``'s latency with
-``multiple=8`` (24 and 40 channels kept) and 0.61 with 16 (``benchmarks/prune_channel_blocks.py``,
-``benchmarks/results/prune-2026-11-29-s3.md``).
+120×160 takes as long as 96→32 (10.2 ms both), 96→16 takes 5.4 ms — so a channel count between
+two blocks buys nothing: MTCNN-O at ``ratio=0.3`` ran at 0.83 of ``fuse``'s latency with
+``multiple=8`` (MACs 0.56; 24 and 40 channels kept) and 0.59 with 16 (MACs 0.49)
+(``benchmarks/prune_channel_blocks.py``, ``benchmarks/results/prune-2026-11-29-s3.md``).
 
 Why ``taylor`` is the default: on the real-looking inputs of ``benchmarks/inputs.py``,
 ``prune(ratio=0.3)`` on ppocr_cls_v2 keeps 100% agreement with ``taylor``/``obs`` but flips
