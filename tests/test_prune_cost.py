@@ -118,3 +118,46 @@ def test_floor_raises_a_budget_the_ranking_leaves_small():
     assert target == pytest.approx(0.45 * total, rel=1e-3)
     assert got >= target and len(removed) > 8
     assert np.isclose(CostModel(cg).saved(removed), got, rtol=1e-3)
+
+
+class _InteractingProbe(_FakeProbe):
+    """Like :class:`_FakeProbe`, but a and c together cost 1000: the groups' losses are not additive."""
+
+    def __init__(self, sensitive, a, c):
+        super().__init__(sensitive)
+        self.a, self.c = set(a), set(c)
+
+    def loss(self, removed) -> float:
+        removed = set(removed)
+        return super().loss(removed) + (1000.0 if removed & self.a and removed & self.c else 0.0)
+
+
+def test_ranked_selection_kept_when_its_joint_loss_is_smaller():
+    proto = _chain()
+    _, cg, samples, stats = _analysed(proto, samples=1)
+    a, b, c = (_group(cg, name) for name in "abc")
+    default = set(a[:8]) | set(b[:8])
+    scores = {u: float(i) for group in (a, b, c) for i, u in enumerate(group)}
+    args = (cg, None, stats, samples, scores, CostModel(cg), default, 0.5, 8, 8)
+    # additive view: a and c are free, b costs 800 → a + c; jointly a + c cost 1000 > 800
+    result = PassResult()
+    removed = sensitivity_select(*args, result, probe=_InteractingProbe(b, a, c),
+                                 fallback=lambda target, cost: default)
+    assert removed == default
+    assert result.metrics["sensitivity_joint_loss"] == [1000.0, 800.0]
+    assert result.skipped["alloc=sensitivity: the ranked selection measured a smaller loss, kept"] == 1
+    result = PassResult()  # additive losses: the allocation stays
+    removed = sensitivity_select(*args, result, probe=_FakeProbe(b), fallback=lambda target, cost: default)
+    assert removed == set(a[:8]) | set(c[:8])
+
+
+def test_default_keeps_channel_counts_in_blocks_of_16():
+    from test_prune_ratio import NET, min_cosine
+    from test_prune_strip import conv_weight, run_prune
+
+    out, result = run_prune(NET, ratio=0.3)
+    assert result.rewrites["prune channel"] > 0
+    widths = {name: conv_weight(out, name).shape[0] for name in ("c1", "c4", "c5")}
+    assert widths["c1"] in (16, 32) and widths["c4"] == 16 and widths["c5"] in (16, 24)
+    assert any(w < full for w, full in zip(widths.values(), (32, 16, 24)))
+    assert min_cosine(out) > 0.9
