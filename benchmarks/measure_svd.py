@@ -1,7 +1,7 @@
 """Measure the ``svd`` pass on MiniLM-L6 with a large offline calibration text (issue 6).
 
     python benchmarks/measure_svd.py --calib 2000 --runs 30 --name svd-2026-11-29-s3
-    python benchmarks/measure_svd.py --pipeline "svd(target=0.97)" --calib 2000 --name svd-2026-11-29-s3-t097
+    python benchmarks/measure_svd.py --pipeline "svd(target=0.95)" --calib 2000 --runs 30 --name svd-2026-11-29-s3-target095
 
 Calibration: the first ``--calib`` sentences of ``data/svd_calib_sentences.txt`` (WordNet usage
 examples, :mod:`build_svd_calib`), each one sample of batch 1 *unpadded* (its own length), so

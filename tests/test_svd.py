@@ -413,6 +413,13 @@ def test_padding_rows_are_left_out_of_the_statistics(rng):
     assert masked.rows_per_sample == 6  # FLOPs still count every row
     np.testing.assert_allclose(masked.normalized_gram, real.T @ real / 4, rtol=1e-6)
     assert not np.allclose(plain.normalized_gram, masked.normalized_gram)
+    # the option reaches the statistics: rank-1 factors fitted without the padding rows differ
+    samples = [{"x": np.concatenate([rng.standard_normal((1, 4, 4)), np.full((1, 2, 4), 50.0)], 1).astype(np.float32),
+                "m": mask} for _ in range(4)]
+    outs = [run_svd(model, f"svd(rank=1,force=true,data=true,target=0{opt})", samples)[0] for opt in ("", ",mask=m")]
+    real = [{"x": rng.standard_normal((1, 6, 4)).astype(np.float32), "m": np.ones((1, 6), np.int64)} for _ in range(8)]
+    errors = [np.mean([np.sum((run_ort(o, r)[0] - run_ort(model, r)[0]) ** 2) for r in real]) for o in outs]
+    assert errors[1] < 0.8 * errors[0]
 
 
 def test_statistics_of_samples_of_their_own_length_keep_the_largest_shape(rng):
