@@ -6,6 +6,13 @@ When a sample exceeds ``R``, the range doubles (``R ← 2^k·R``) and the histog
 re-binned exactly: with an even number of bins centred on 0, doubling maps old bin ``j``
 to new bin ``NBINS/4 + j // 2``.
 
+Min and max are exact over every value. The histogram of a tensor holding more than
+``HIST_VALUES`` values in one sample takes every ``s``-th value of it, ``s`` the smallest
+prime ≥ ⌈size / HIST_VALUES⌉ (deterministic; a prime stride that does not divide the row
+width samples every column over the rows, never one column only): binning is most of the calibration's own time
+(PP-OCRv4 det: 1.6 of 3.1 s) and 2¹⁸ values per sample and tensor — 4 M over 16 samples —
+still put ~400 values beyond the 99.99th percentile. Smaller tensors are binned whole.
+
 Methods (``clip_range(stats, method, …) -> (lo, hi)``, always ``lo ≤ 0 ≤ hi`` so that zero
 is exactly representable):
 
@@ -26,7 +33,16 @@ from __future__ import annotations
 import numpy as np
 
 NBINS = 8192
+HIST_VALUES = 1 << 18
 METHODS = ("minmax", "percentile", "entropy", "mse")
+
+
+def sample_stride(size: int) -> int:
+    """The histogram's stride for a tensor of ``size`` values (see the module doc)."""
+    step = max(2, -(-size // HIST_VALUES))
+    while any(step % p == 0 for p in range(2, int(step ** 0.5) + 1)):
+        step += 1
+    return step
 
 
 class TensorStats:
@@ -57,6 +73,8 @@ class TensorStats:
             self.radius = peak if peak > 0 else 1.0
         while peak > self.radius:
             self._double()
+        if x.size > HIST_VALUES:
+            x = x[:: sample_stride(x.size)]
         idx = x * np.float32(NBINS / 2 / self.radius)  # bin = ⌊(x / R + 1) · NBINS / 2⌋, in place
         idx += np.float32(NBINS / 2)
         idx = idx.astype(np.intp)

@@ -187,10 +187,11 @@ class SharedWeights:
             self.folder_size = nbytes
         return self.folder.name
 
-    def session(self, proto, prepack: bool = True):
+    def session(self, proto, prepack: bool = True, threads: int = 1):
         """A session of ``proto`` (exported after :meth:`strip`) on the arrays themselves.
         ``prepack=False``: ORT keeps no packed copy of the constant float MatMul weights (the
-        gated ranking: MiniLM 40 MB less; the same ranking measured on MiniLM)."""
+        gated ranking: MiniLM 40 MB less; the same ranking measured on MiniLM). ``threads``: ORT's
+        intra-op threads (0: its default, the machine's cores)."""
         used = []
         for init in proto.graph.initializer:
             entry = self.pending.get(init.name)
@@ -200,7 +201,7 @@ class SharedWeights:
             init.dims.extend(entry[0].shape)
             set_location(init, STAND_IN, 0, entry[0].nbytes)
             used.append(init.name)
-        so = session_options("disable", 1)
+        so = session_options("disable", threads)
         if not prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
         so.enable_cpu_mem_arena = False  # the arena keeps each run's peak for the session's life (MiniLM gated
@@ -270,20 +271,21 @@ def search_scope():
         gc.unfreeze()
 
 
-def activations(model, names: list, samples, lazy: bool = False):
+def activations(model, names: list, samples, lazy: bool = False, threads: int = 1):
     """:func:`onnxslim_kit.activations.iter_activations` without copying the weights: the
     session gets the arrays themselves (:class:`SharedWeights`; MiniLM's 88 MB of weights
     cost ~1.7 s to export and hand over otherwise), no arena, the heap given back after each
     run. A consumer that drops each dict (or pops the tensors as it uses them) frees them
     before the next run. ``lazy``: the values are ``OrtValue`` s, made arrays by the
     consumer one at a time (``.numpy()`` copies: all outputs as arrays at once hold them
-    twice until the run's own buffers go; PP-OCRv4 det with every layer's twin: 124 tensors)."""
+    twice until the run's own buffers go; PP-OCRv4 det with every layer's twin: 124 tensors).
+    ``threads``: see :meth:`SharedWeights.session`."""
     shared = SharedWeights(model.graph)
     trial = trial_copy(model)
     shared.strip(trial.graph)
     proto = trial.to_proto()
     add_outputs(proto, names)  # a fresh proto without the shared weights: no copy needed
-    session = shared.session(proto)
+    session = shared.session(proto, threads=threads)
     wanted = list(dict.fromkeys(names))
     keep = set(wanted)
     for sample in samples:

@@ -79,3 +79,20 @@ def test_methods_agree_on_bounded_uniform():
     for method in calib.METHODS:
         lo, hi = calib.clip_range(st, method)
         assert -1.0 <= lo <= -0.9 and 0.9 <= hi <= 1.0, method
+
+
+def test_large_tensors_are_binned_on_a_prime_stride_with_exact_min_max():
+    """Above HIST_VALUES values the histogram takes every s-th value (s prime): min/max stay
+    exact, the percentile range stays within a bin or two of the full histogram's."""
+    from onnxslim_kit.passes._quant_calib import HIST_VALUES, TensorStats, clip_range, sample_stride
+
+    assert sample_stride(HIST_VALUES) == 2 and sample_stride(HIST_VALUES * 3 + 1) == 5
+    assert sample_stride(HIST_VALUES * 8 + 1) == 11
+    x = np.random.default_rng(3).standard_normal((1, 64, 96, 96)).astype(np.float32)  # 589,824 values
+    x[0, 5, 7, 11] = 40.0  # one outlier, probably not on the stride: still the exact max
+    stats = TensorStats()
+    stats.update(x)
+    assert stats.hi == 40.0 and stats.lo == float(x.min())
+    assert stats.count == len(range(0, x.size, sample_stride(x.size))) < x.size
+    lo, hi = clip_range(stats, "percentile", 99.9)
+    assert abs(hi - np.quantile(x, 0.999)) < 0.05 and abs(lo - np.quantile(x, 0.001)) < 0.05
