@@ -254,6 +254,7 @@ def section_int4(args) -> list:
 
 def section_gptq(args) -> list:
     from onnxslim_kit.passes import _int4_gptq as gq
+    from onnxslim_kit.passes._blas import blas_threads
 
     rng = np.random.default_rng(0)
     lines = ["## GPTQ time per layer (random W, X with 2·K rows, block 128, 1 BLAS thread)", "",
@@ -262,7 +263,7 @@ def section_gptq(args) -> list:
         wt = rng.standard_normal((k, k)).astype(np.float32)
         x = rng.standard_normal((2 * k, k)).astype(np.float32)
         t0 = time.perf_counter()
-        with gq.blas_threads(1):
+        with blas_threads(1):
             xtx = gq.hessian_update(None, x)
         t1 = time.perf_counter()
         factor = gq.gptq_factor(xtx, 0.01, threads=1)

@@ -26,11 +26,11 @@ the BLAS thread pool is capped (``threads``; 1 by default: on the shared 2-core 
 
 from __future__ import annotations
 
-import contextlib
 
 import numpy as np
 import scipy.linalg
 
+from ._blas import blas_threads
 from ._int4_quant import (
     QuantizedWeight,
     _pad_codes,
@@ -46,15 +46,6 @@ def hessian_update(h: np.ndarray | None, x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
     xtx = (x.T @ x).astype(np.float64)  # float32 product (BLAS sgemm), float64 running sum
     return xtx if h is None else h + xtx
-
-
-def blas_threads(n: int):
-    """Context capping the BLAS thread pool at ``n`` (0 or no threadpoolctl: unchanged)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional: without it BLAS keeps its own setting
-        return contextlib.nullcontext()
-    return threadpool_limits(n) if n > 0 else contextlib.nullcontext()
 
 
 def inverse_cholesky_upper(h: np.ndarray, damp: float) -> np.ndarray:

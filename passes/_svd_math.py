@@ -38,23 +38,10 @@ the factors are then refitted on all samples at that rank.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 from scipy.linalg import cholesky, solve_triangular
 
 DAMPING = 0.01
-
-
-def one_blas_thread():
-    """Context running BLAS/LAPACK on one thread (when threadpoolctl is installed). Measured on
-    the shared 2-core machine under load: SVD of a 1536×384 matrix 0.3–5.9 s with OpenBLAS's 2
-    threads, 0.08 s with one (MiniLM, 108 factorisations: 130 s of a 242 s pass)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(1)
 
 
 def breakeven_rank(k: int, n: int) -> int:

@@ -102,6 +102,7 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 from onnxslim_kit.runtime import give_back
 
 from . import _int4_awq, _int4_gptq, _int4_mixed, _int4_quant
+from ._blas import blas_threads
 from ._graph import const_value, is_onnx_op, new_constant
 
 MIN_K = 16
@@ -392,7 +393,7 @@ def _hessian_rounds(model: Model, targets: list, ctx):
         exposed = [n for n in batch if n not in graph_inputs]
         acts = iter_activations(model.to_proto(), exposed, samples) if exposed else ({} for _ in samples)
         hessians = {}
-        with _int4_gptq.blas_threads(ctx.options["threads"]):
+        with blas_threads(ctx.options["threads"]):
             for sample, values in zip(samples, acts):
                 for n in batch:
                     x = sample[n] if n in graph_inputs else values[n]

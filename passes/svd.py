@@ -53,7 +53,7 @@ WordNet sentences (25 360 real tokens) removes 3.5 % of the weight-MatMul FLOPs,
 (``target=0.95``: 11.3 %, 0.940); the study's curve gives ~1.5 % at 0.99 and 28 % at 0.77, and
 the session-2 "32 % at 0.993" was an in-sample fit (0.61 on other sentences). With the 32
 sentences of session 2 the default takes 30 s (was 656 s) and factorises nothing. The pass runs
-BLAS on one thread (:func:`._svd_math.one_blas_thread`). ``mask=<input>`` (e.g. ``attention_mask``)
+BLAS on one thread (:func:`._blas.blas_threads`). ``mask=<input>`` (e.g. ``attention_mask``)
 leaves padding rows out of the statistics; calibration samples of their own length need none.
 
 End-to-end target (``target``, default 0.99; 0 turns it off; ignored with ``force``): per-layer
@@ -85,7 +85,8 @@ from ._svd_alloc import (
     sensitivity,
     spectral,
 )
-from ._svd_math import Factorization, HeadsFactorization, breakeven_rank, one_blas_thread
+from ._blas import blas_threads
+from ._svd_math import Factorization, HeadsFactorization, breakeven_rank
 from ._svd_rewrite import apply
 from ._svd_select import select
 from ._svd_spatial import (
@@ -148,7 +149,7 @@ class SvdPass(Pass):
         return bool(options.get("force")) and options.get("rank") == -1
 
     def run(self, model, ctx) -> PassResult:
-        with one_blas_thread():
+        with blas_threads(1):
             return self._run(model, ctx)
 
     def _run(self, model, ctx) -> PassResult:
