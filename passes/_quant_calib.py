@@ -48,14 +48,15 @@ def sample_stride(size: int) -> int:
 class TensorStats:
     """Exact min/max plus a re-binnable symmetric histogram of one tensor."""
 
-    __slots__ = ("lo", "hi", "radius", "hist", "count")
+    __slots__ = ("lo", "hi", "radius", "hist", "count", "binned")
 
-    def __init__(self):
+    def __init__(self, binned: bool = True):
         self.lo = np.inf
         self.hi = -np.inf
         self.radius = 0.0
         self.hist = np.zeros(NBINS, dtype=np.int64)
         self.count = 0
+        self.binned = binned  # False: min/max only (all that ``minmax`` reads; binning is the cost)
 
     def update(self, values: np.ndarray) -> None:
         x = np.asarray(values, dtype=np.float32).ravel()
@@ -73,6 +74,9 @@ class TensorStats:
             self.radius = peak if peak > 0 else 1.0
         while peak > self.radius:
             self._double()
+        if not self.binned:
+            self.count += x.size
+            return
         if x.size > HIST_VALUES:
             x = x[:: sample_stride(x.size)]
         idx = x * np.float32(NBINS / 2 / self.radius)  # bin = ⌊(x / R + 1) · NBINS / 2⌋, in place
@@ -101,8 +105,8 @@ class TensorStats:
 class StatsCollector:
     """``{tensor name: TensorStats}``, fed one sample of activations at a time."""
 
-    def __init__(self, names):
-        self.stats = {name: TensorStats() for name in names}
+    def __init__(self, names, binned: bool = True):
+        self.stats = {name: TensorStats(binned) for name in names}
 
     def update(self, activations: dict) -> None:
         for name, value in activations.items():
@@ -117,6 +121,8 @@ def clip_range(stats: TensorStats, method: str, percentile: float = 99.99, level
     lo, hi = min(stats.lo, 0.0), max(stats.hi, 0.0)
     if method == "minmax" or lo == hi:
         return lo, hi
+    if not stats.binned:
+        raise ValueError(f"method {method!r} needs the histogram; these statistics kept min/max only")
     if method == "percentile":
         return _percentile_range(stats, percentile, lo, hi)
     if method == "entropy":

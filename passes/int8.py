@@ -331,7 +331,7 @@ class Int8Pass(Pass):
         if opts["io"] != "float":
             tensors |= {t.name for t in model.graph.outputs}
         names = sorted(tensors | set(smoothable))
-        collector = calib.StatsCollector(sorted(tensors))
+        collector = calib.StatsCollector(sorted(tensors), binned=opts["method"] != "minmax")
         peaks, kept, size = {}, {name: [] for name in smoothable}, 0
         total = opts["calib_samples"] or None
         # every core, as quantize_static's calibration: ORT's CPU kernels split work by output

@@ -96,3 +96,18 @@ def test_large_tensors_are_binned_on_a_prime_stride_with_exact_min_max():
     assert stats.count == len(range(0, x.size, sample_stride(x.size))) < x.size
     lo, hi = clip_range(stats, "percentile", 99.9)
     assert abs(hi - np.quantile(x, 0.999)) < 0.05 and abs(lo - np.quantile(x, 0.001)) < 0.05
+
+
+def test_minmax_statistics_skip_the_histogram_and_give_the_same_range():
+    from onnxslim_kit.passes._quant_calib import TensorStats, clip_range
+
+    rng = np.random.default_rng(4)
+    full, bare = TensorStats(), TensorStats(binned=False)
+    for _ in range(3):
+        x = rng.standard_normal((2, 8, 40, 40)).astype(np.float32) * 3
+        full.update(x)
+        bare.update(x)
+    assert not bare.hist.any() and full.hist.any()
+    assert clip_range(bare, "minmax") == clip_range(full, "minmax") == (full.lo, full.hi)
+    with pytest.raises(ValueError, match="histogram"):
+        clip_range(bare, "percentile")
