@@ -7,7 +7,7 @@ pipeline then
 1. calls ``model.commit()`` (dead-code removal, topological order),
 2. verifies the result (onnx checker, ONNX Runtime with its own optimisations off, on the
    sample inputs): a lossy pass against the *original* model, a lossless one against the
-   model before it,
+   model the last lossy pass left (the original when none ran),
 3. for a lossless pass whose outputs moved beyond tolerance: restores the model from before
    the pass, records it, and under ``strict`` raises :class:`VerificationError`;
    for a lossy pass: records the drift (cosine, max abs, top-1 agreement).
@@ -271,7 +271,7 @@ def run_pipeline(
                 continue
         # accepted: the weights the pass replaced (held by the snapshot) go before the export
         if verifier is not None:
-            verifier.accept()
+            verifier.accept(lossless)
         snapshot = None
         release(big)
         candidate = model.to_proto()

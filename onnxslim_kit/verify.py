@@ -74,8 +74,9 @@ class Verifier:
     """Holds the original's outputs on the samples; checks candidates against them.
 
     A lossy candidate is compared with the original (the drift adds up over the passes); a
-    lossless one with the last accepted model (:meth:`accept`): ``fp16,compact`` must show
-    ``compact`` changed nothing, not fail it for the drift ``fp16`` already made."""
+    lossless one with the model the last lossy pass left (:meth:`accept`; the original when
+    none ran): ``fp16,compact`` must show ``compact`` changed nothing, not fail it for the
+    drift ``fp16`` already made."""
 
     def __init__(self, original: onnx.ModelProto, samples: list, rtol: float = 1e-4):
         self.samples = samples
@@ -135,10 +136,13 @@ class Verifier:
         against = "original" if reference is self.reference else "previous"
         return Check("ok" if ok else "failed" if lossless else "drift", outputs, against=against)
 
-    def accept(self) -> None:
-        """The model last checked was accepted: later lossless passes are compared with it."""
-        if self._last is not None:
-            self.accepted, self._last = self._last, None
+    def accept(self, lossless: bool) -> None:
+        """The model last checked was accepted. After a lossy pass later lossless passes are
+        compared with it; after a lossless one they keep their reference, so lossless passes
+        in a row never drift further from it than the tolerance allows."""
+        if self._last is not None and not lossless:
+            self.accepted = self._last
+        self._last = None
 
 
 def _session(proto: onnx.ModelProto, arrays: dict | None = None):

@@ -117,6 +117,14 @@ def test_lossless_pass_after_a_lossy_one_is_checked_against_the_pass_before():
     assert "vs the pass before" in report.table()
 
 
+def test_lossless_passes_in_a_row_are_each_checked_against_the_original():
+    """Lossless passes after lossless ones keep the original as reference: two changes each
+    within the tolerance of the model before them cannot add up past it unnoticed."""
+    _, report = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(factor=1.00007),test_break_bias(factor=1.00007)")
+    assert [p.verification["against"] for p in report.passes] == ["original", "original"]
+    assert not report.passes[0].rolled_back and report.passes[1].rolled_back
+
+
 def test_invalid_result_is_rolled_back_even_for_lossy_pass():
     proto, report = onnxslim_kit.optimize(parse(MODEL), "test_break_graph")
     assert report.passes[0].rolled_back
