@@ -64,6 +64,7 @@ from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 from . import _quant_calib as calib
 from . import _quant_plan as plan_mod
 from . import _quant_smooth as smooth_mod
+from ._graph import attr
 from ._quant_cle import equalize
 from ._quant_correct import measure_twins
 from ._quant_bodies import restore_body_weights, store_body_weights
@@ -188,6 +189,9 @@ class Int8Pass(Pass):
         "log": Option(bool, True, "keep tensors feeding a Log (spectra) float"),
         "bodies": Option(bool, True, "store If/Loop/Scan body weights (Conv/MatMul/Gemm/RNN) as int8 + Cast + Mul, "
                          "float compute, kept when the target holds (the bodies are not calibrated)"),
+        "grouped": Option(str, "int8", "depthwise and other grouped Conv: int8 (static, searched like any "
+                          "layer), weights (int8 storage, float compute: ONNX Runtime's CPU int8 path for "
+                          "them can be slower than its float one) or float", ("int8", "weights", "float")),
         "concat_ratio": Option(float, 16.0, "keep Concat outputs float when input ranges differ more (0: off)"),
     }
 
@@ -247,14 +251,16 @@ class Int8Pass(Pass):
             plan.bias_shift, sensitivity = measure_twins(trial_copy(model), plan, self._eval_samples(ctx))
             result.metrics["bias_corrected"] = len(plan.bias_shift)
             result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
-        enabled = {spec.name for spec in plan.layers}
+        fixed = self._grouped(model, plan, opts["grouped"], result)
+        enabled = {spec.name for spec in plan.layers} - set(fixed)
         rungs = self._rungs(plan, ladder)
         if opts["fallback"] and target is not None and enabled:
             start = time.perf_counter()
-            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, ctx, result, sensitivity)
+            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, ctx, result, sensitivity, fixed)
             result.metrics["seconds_fallback"] = round(time.perf_counter() - start, 2)
         else:
             rungs = {}
+        rungs.update({name: rung for name, rung in fixed.items() if rung in RUNGS})
         if opts["speed_check"] and enabled and not self._pays_off(model, plan, enabled, rungs, ctx, result):
             return result
         apply_plan(model, plan, enabled, result, rungs)
@@ -407,9 +413,28 @@ class Int8Pass(Pass):
     def _eval_samples(ctx) -> list:
         return ctx.feed.take(max(1, ctx.options["eval_samples"]))
 
-    def _fallback(self, model, plan, enabled, rungs, target, ctx, result, sensitivity) -> tuple:
+    @staticmethod
+    def _grouped(model, plan, choice: str, result) -> dict:
+        """``{layer: "weights" | "float"}`` for the depthwise / grouped Convs under ``grouped``
+        (none for ``int8``). ``grouped=weights`` measured (ORT 1.32, 1 thread, latency vs
+        float, ``benchmarks/results/int8-2026-11-29-s3-grouped.md``): ppocr_cls_v2 1.39× → 1.04×,
+        orientation 1.00× → 0.91×, PP-OCRv4 det 0.68× → 0.64×, but PP-OCRv4 rec 0.63× → 0.79×:
+        with its depthwise convs float-computed the target needed 18 more layers in float (not
+        understood yet), so it is not the default."""
+        if choice == "int8":
+            return {}
+        nodes = {node.name: node for node in model.graph.nodes}
+        fixed = {spec.name: choice for spec in plan.layers
+                 if spec.op == "Conv" and spec.name in nodes and int(attr(nodes[spec.name], "group", 1)) > 1}
+        result.skip(f"grouped Conv on the {choice} rung (grouped={choice})" if choice == "weights"
+                    else "grouped Conv kept float (grouped=float)", len(fixed))
+        return fixed
+
+    def _fallback(self, model, plan, enabled, rungs, target, ctx, result, sensitivity, fixed=None) -> tuple:
         """(layers left static int8, ``{layer: rung}`` of the layers on a ladder rung): the
-        smallest fallback that meets the target (:func:`._quant_fallback.choose_fallback`)."""
+        smallest fallback that meets the target (:func:`._quant_fallback.choose_fallback`),
+        the layers of ``fixed`` (``{layer: choice}``) held at their choice."""
+        fixed = fixed or {}
         metric, value = target
         samples = self._eval_samples(ctx)
         shared = SharedWeights(model.graph)
@@ -418,12 +443,13 @@ class Int8Pass(Pass):
         def build(assign: dict):
             collect_trials()
             trial = trial_copy(model)
+            assign = {**assign, **fixed}
             apply_plan(trial, plan, {n for n, c in assign.items() if c == "int8"},
                        fallback={n: c for n, c in assign.items() if c in RUNGS})
             shared.strip(trial.graph)
             return trial.to_proto()  # ORT sorts the nodes itself; no commit needed
 
-        names = [spec.name for spec in plan.layers]
+        names = [spec.name for spec in plan.layers if spec.name not in fixed]
         mode = ctx.options["sensitivity"]
         if mode == "auto":  # measured: local errors misrank transformer layers (MiniLM: all float)
             dense = sum(spec.op in ("MatMul", "Gemm") for spec in plan.layers)
@@ -437,12 +463,13 @@ class Int8Pass(Pass):
             """End-to-end sensitivities from one session (:func:`._quant_qdq.add_gated_twins`)."""
             collect_trials()
             trial = trial_copy(model)
-            gates = {n: g for n, g in add_gated_twins(trial, plan).items() if n in todo}
+            every = add_gated_twins(trial, plan)  # every layer's switch is a session input
+            gates = {n: g for n, g in every.items() if n in todo}
             unsmooth_float_path(trial.graph, plan)
             shared.strip(trial.graph)
             ranker.builds += 1
             session = shared.session(trial.to_proto(), prepack=False)
-            off = {g: np.array(False) for g in gates.values()}
+            off = {g: np.array(False) for g in every.values()}
             return {n: 1.0 - ranker.score_session(session, extra={**off, g: np.array(True)})
                     for n, g in ctx.progress(gates.items(), desc="int8 sensitivity", total=len(gates))}
 

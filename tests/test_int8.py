@@ -141,6 +141,29 @@ def test_bias_correction_removes_the_mean_shift():
     assert errors["true", "held_out"] < errors["false", "held_out"] / 2
 
 
+@pytest.mark.parametrize("grouped, kernel, weight_type", [
+    ("weights", "Conv", onnx.TensorProto.INT8),   # int8 storage, Cast + Mul folded: float depthwise kernel
+    ("int8", "QLinearConv", onnx.TensorProto.INT8),
+    ("float", "Conv", onnx.TensorProto.FLOAT),
+])  # ORT's optimized graph: the depthwise conv as a float Conv (NCHWc) or a QLinearConv
+def test_grouped_conv_choice(grouped, kernel, weight_type, tmp_path):
+    """``grouped`` puts depthwise convs on the weights rung, keeps them float, or (default)
+    quantizes them like any layer; the dense conv beside them stays static int8."""
+    rng = np.random.default_rng(3)
+    model = build("d = Conv <group = 8, pads = [1, 1, 1, 1]> (x, wd)\nr = Relu (d)\ny = Conv (r, wp)",
+                  "float[1, 8, 12, 12] x",
+                  {"wd": rng.standard_normal((8, 1, 3, 3)).astype(np.float32),
+                   "wp": rng.standard_normal((16, 8, 1, 1)).astype(np.float32)})
+    out, rep = quantize(model, f"target=none,grouped={grouped}")
+    assert optimized_ops(out, tmp_path)[kernel] >= 1
+    big = [t for t in out.graph.initializer if list(t.dims) == [8, 1, 3, 3]]
+    assert len(big) == 1 and big[0].data_type == weight_type
+    readers = [n.op_type for n in out.graph.node if big[0].name in n.input]
+    assert readers == {"weights": ["Cast"], "int8": ["DequantizeLinear"], "float": ["Conv"]}[grouped]
+    if grouped != "int8":
+        assert any(r.startswith("grouped Conv") for r in rep.skipped)
+
+
 def test_int8_activation_option():
     out, _ = quantize(conv_chain(), "target=none,activations=int8")
     inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
