@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from onnxslim_kit.runtime import make_session, run
 

@@ -13,7 +13,7 @@ from test_prune_strip import build, conv, conv_weight, run_prune, weight
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
 from onnxslim_kit.model import Model
 from onnxslim_kit.passes._prune_apply import apply
-from onnxslim_kit.passes._prune_importance import activation_stats, consumer_inputs, unit_costs
+from onnxslim_kit.passes._prune_importance import activation_stats, consumer_inputs
 from onnxslim_kit.passes._prune_refit import fit_held_out, ridge
 from onnxslim_kit.passes._prune_sensitivity import LossProbe, allocate, levels, masked_model, measured_tensors
 from onnxslim_kit.passes.prune import analyse_model
