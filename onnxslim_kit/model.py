@@ -333,7 +333,8 @@ def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) 
         external_data = needs_external_data(proto) or has_anchored(proto)
     tmpdir = Path(tempfile.mkdtemp(prefix=".slim-", dir=path.parent))
     data_path = path.parent / (path.name + ".data")
-    stale = data_path if refers_to(path, data_path.name) else None  # the previous output's weights
+    # the previous output's weights (the old model is scanned only when such a file exists)
+    stale = data_path if data_path.exists() and refers_to(path, data_path.name) else None
     try:
         tmp_model = tmpdir / path.name
         if external_data and write_external(proto, tmp_model, data_path.name):  # none when all are small
