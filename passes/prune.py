@@ -69,6 +69,7 @@ from ._prune_apply import apply
 from ._prune_groups import analyse
 from ._prune_strip import strippable
 
+PRUNABLE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 CRITERIA = ("l1", "l2", "random", "bn_scale", "activation", "taylor", "obs")
 
 
@@ -151,6 +152,9 @@ class PrunePass(Pass):
         if not 0 <= opts["ratio"] < 1 or not 0 <= opts["sparsity"] < 1:
             raise UserError("prune: ratio and sparsity must be in [0, 1)")
         result.metrics["params_before"] = _param_count(model)
+        for sub in list(model.all_graphs())[1:]:
+            result.skip("layer in an If/Loop body (only the main graph is pruned)",
+                        sum(1 for n in sub.nodes if n.op in PRUNABLE_OPS))
         cg = analyse_model(model, ctx)
         groups = cg.groups()
         if opts["explain"]:

@@ -290,3 +290,13 @@ def test_fpn_resize_add_couples_levels(by):
     assert conv_weight(out, "c").shape[0] == 14 and conv_weight(out, "f").shape[0] == 14
     assert conv_weight(out, "out").shape[1] == 14
     assert_equivalent(proto, out)
+
+
+def test_layers_inside_if_bodies_are_counted_as_skipped(rng):
+    """Only the main graph is pruned; a Conv/MatMul inside an If body is reported, not touched."""
+    from test_int8_bodies import if_model
+
+    model = if_model(rng)
+    out, result = run_prune(model, ratio=0.3)
+    assert result.skipped["layer in an If/Loop body (only the main graph is pruned)"] == 2
+    assert out.graph.node[0].attribute[0].g.initializer[0].dims == model.graph.node[0].attribute[0].g.initializer[0].dims
