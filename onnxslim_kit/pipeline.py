@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 import onnx
 
 from .errors import UserError, VerificationError
-from .model import Model
+from .model import Model, drop_new_value_info
 from .report import PassReport, Report, model_stats
 from .runtime import give_back
 from .verify import Verifier
@@ -275,6 +275,7 @@ def run_pipeline(
         snapshot = None
         release(big)
         candidate = model.to_proto()
+        drop_new_value_info(candidate, model.source_value_info)
         good_stats = model_stats(candidate)
         report.passes.append(entry.finish(good_stats))
         # no proto is kept while the next pass runs (one whole-model copy fewer); after the
@@ -285,6 +286,7 @@ def run_pipeline(
     report.after = good_stats
     if final is None:
         final = model.to_proto()
+        drop_new_value_info(final, model.source_value_info)
     model = snapshot = None  # the graph's arrays go before the caller saves the result
     release(big)
     return final, report

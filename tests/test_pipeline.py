@@ -211,3 +211,30 @@ def test_weights_a_pass_replaced_are_freed_when_the_run_returns(monkeypatch):
         gc.enable()
     assert not alive  # the array from before the pass is gone
     assert len(seen) == 2 and not any(p.rolled_back for p in report.passes)
+
+
+@register_pass
+class _TypedTensor(Pass):
+    """Test pass: inserts ``Relu`` before the output through a new tensor that carries a type."""
+
+    name = "test_typed_tensor"
+
+    def run(self, model, ctx):
+        result = PassResult()
+        add = model.graph.nodes[0]
+        middle = gs.Variable("middle", dtype=np.float32, shape=[2, 4])
+        out = add.outputs[0]
+        add.outputs[0] = middle
+        model.graph.nodes.append(gs.Node("Identity", inputs=[middle], outputs=[out]))
+        result.rewrite("identity added")
+        return result
+
+
+def test_output_gets_no_value_info_the_input_did_not_have():
+    annotated = MODEL.replace("  y = Add (x, b)", "  s = Add (x, b)\n  y = Identity (s)")
+    model = onnx.shape_inference.infer_shapes(parse(annotated))
+    assert [v.name for v in model.graph.value_info] == ["s"]
+    proto, report = onnxslim_kit.optimize(model, "test_typed_tensor")
+    assert "middle" in [n.output[0] for n in proto.graph.node]
+    assert [v.name for v in proto.graph.value_info] == ["s"]  # the input's annotation stays, the new one goes
+    assert report.passes[0].verification["status"] == "ok"
