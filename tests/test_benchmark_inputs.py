@@ -146,5 +146,6 @@ def test_suite_smoke_run_on_one_small_model(tmp_path):
         lossless = variant != "ort_dynamic"
         assert min(d["cosine"] for d in row["drift"].values()) > (0.9999 if lossless else 0.9)
         assert row["metric"]["agreement"] == 1.0 or not lossless
-    assert rows["ours:fuse"]["nodes"] <= rows["original"]["nodes"]
+    # fewer nodes, but for fuse's PRelu rewrite (each of O-Net's 5 PRelu becomes 4 faster nodes)
+    assert rows["ours:fuse"]["nodes"] <= rows["original"]["nodes"] + 5 * 3
     assert rows["ort_dynamic"]["size_bytes"] < rows["original"]["size_bytes"] / 2
