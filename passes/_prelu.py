@@ -3,17 +3,17 @@
 ONNX Runtime 1.32's CPU ``PRelu`` kernel broadcasts its slope element by element: on MTCNN
 P-Net's activation shapes (1×10×118×158, 1×16×57×77, 1×32×55×75) it takes 848, 226 and 585 µs
 where ``Mul`` + ``Max`` take 60, 26 and 45 (``Relu`` + ``Min``·``Mul`` + ``Add``: 109, 44,
-104), and in P-Net it was 40 % of the run time (``benchmarks/floors.py``). The same
+104), and in P-Net it was 40 % of the run time (``benchmarks/floors.py``, time section). The same
 function, element for element (``PRelu(x) = x`` for ``x ≥ 0``, ``s·x`` below)::
 
     every slope equal, exact in float32   LeakyRelu(x, alpha=s)         (ORT fuses it into Conv)
     0 ≤ s ≤ 1                             Max(x, s·x)                   (s·x ≤ x for x ≥ 0, ≥ x below)
     otherwise                             Relu(x) + s·Min(x, 0)
 
-The outputs are the same numbers (up to the sign of a zero); P-Net then runs at 0.80× of the
-original's latency, O-Net at 0.84× (0.997× and 0.951× without the rewrite;
-``benchmarks/measure_prelu.py``, ``benchmarks/results/prelu-2026-11-29-s4.md``). Only
-constant slopes are rewritten, on opset ≥ 8 (multidirectional ``Max``/``Min``).
+The outputs are the same numbers (up to the sign of a zero). ``fuse`` runs P-Net at 0.78× of
+the original's latency, O-Net at 0.84× (0.995× and 0.939× without the activation rewrites;
+``benchmarks/measure_activations.py``, ``benchmarks/results/activations-2026-11-29-s4.md``).
+Only constant slopes are rewritten, on opset ≥ 8 (multidirectional ``Max``/``Min``).
 """
 
 from __future__ import annotations

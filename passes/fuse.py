@@ -10,9 +10,11 @@ Rewrites (each in its own module, each counted in the report under its label):
   Slice removed; Transpose∘Transpose and Reshape∘Reshape merged;
 * :mod:`._const_fold` — constant folding (size-capped), duplicate constants and common
   subexpressions merged;
-* :mod:`._prelu` (``prelu``, on by default) — ``PRelu`` with a constant slope rewritten as
-  ``LeakyRelu``, ``Mul`` + ``Max`` or ``Relu`` + ``Min``·``Mul`` + ``Add``, the same numbers:
-  ONNX Runtime's CPU ``PRelu`` kernel is about ten times slower than those.
+* with ``activations`` (on by default), activations rewritten as the ops ONNX Runtime's CPU
+  provider runs fastest: :mod:`._prelu` — ``PRelu`` with a constant slope as ``LeakyRelu``,
+  ``Mul`` + ``Max`` or ``Relu`` + ``Min``·``Mul`` + ``Add``, the same numbers (ORT's ``PRelu``
+  kernel is 7–14× slower than those); :mod:`._hardswish` — ``x·relu6(x + 3)/6`` chains as
+  ``HardSwish`` (or ``x · HardSigmoid``), ``relu6(x + 3)/6`` as ``HardSigmoid``.
 
 Every rule is applied to the main graph and to every If / Loop / Scan body. Dead code goes
 with the pipeline's ``commit()``. The rewrite modules expose ``RULES``: a list of
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from . import _cleanup, _const_fold, _fold_affine, _fold_bn, _prelu
+from . import _cleanup, _const_fold, _fold_affine, _fold_bn, _hardswish, _prelu
 
 MAX_ROUNDS = 20
 
@@ -38,13 +40,14 @@ class FusePass(Pass):
     options = {
         "fold_size_limit": Option(int, 1 << 24, "largest constant (bytes) constant folding may create"),
         "cse": Option(bool, True, "merge duplicate constants and common subexpressions"),
-        "prelu": Option(bool, True, "rewrite PRelu with a constant slope as LeakyRelu / Mul+Max / Relu+Min·Mul+Add "
-                        "(same numbers; ONNX Runtime's CPU PRelu is ~10× slower)"),
+        "activations": Option(bool, True, "rewrite PRelu (constant slope) as LeakyRelu / Mul+Max / Relu+Min·Mul+Add "
+                              "and x·relu6(x+3)/6 chains as HardSwish / HardSigmoid: ops ONNX Runtime runs faster"),
     }
 
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
-        rules = _fold_bn.RULES + _fold_affine.RULES + _cleanup.RULES + (_prelu.RULES if ctx.options["prelu"] else [])
+        rules = _fold_bn.RULES + _fold_affine.RULES + _cleanup.RULES + (
+            _prelu.RULES + _hardswish.RULES if ctx.options["activations"] else [])
         const_rules = _const_fold.rules(ctx.options["fold_size_limit"], ctx.options["cse"])
         for _ in range(MAX_ROUNDS):
             changed = 0

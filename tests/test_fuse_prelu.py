@@ -47,7 +47,7 @@ def test_prelu_with_a_slope_from_the_graph_input_stays():
 
 
 def test_prelu_option_off_keeps_prelu():
-    out, entry = fuse(prelu_model([-0.3, 0.2, 1.2, 0.0]), passes="fuse(prelu=false)")
+    out, entry = fuse(prelu_model([-0.3, 0.2, 1.2, 0.0]), passes="fuse(activations=false)")
     assert ops(out) == {"PRelu": 1} and LABEL not in entry.rewrites
 
 

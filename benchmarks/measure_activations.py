@@ -1,14 +1,15 @@
-"""``fuse``'s PRelu rewrite: ONNX Runtime's PRelu kernel against the ops that replace it.
+"""``fuse``'s activation rewrites (``activations=true``): what they buy in ONNX Runtime.
 
-    python benchmarks/measure_prelu.py                    # kernels + MTCNN P-Net and O-Net
-    python benchmarks/measure_prelu.py --runs 500 --name prelu-2026-11-29-s4
+    python benchmarks/measure_activations.py              # kernels + the models with PRelu / hard-swish
+    python benchmarks/measure_activations.py --runs 500 --name activations-2026-11-29-s4
 
 1. Kernels: a one-node model ``PRelu(x, s)`` per MTCNN P-Net activation shape (per-channel
    slopes in [0, 1] and of both signs), against the rewrite ``fuse`` makes (``Mul`` + ``Max``,
    ``Relu`` + ``Min``·``Mul`` + ``Add``); interleaved runs, median µs, max |difference|.
-2. Models: ``fuse(prelu=false)`` against ``fuse`` (both from this checkout) and the original,
-   with :func:`onnxslim_kit.bench.benchmark` (interleaved, ORT optimizations ``all``,
-   1 thread) on the suite's evaluation inputs (``inputs.py``).
+2. Models: ``fuse(activations=false)`` against ``fuse`` (both from this checkout) and the
+   original, with :func:`onnxslim_kit.bench.benchmark` (interleaved, ORT optimizations
+   ``all``, 1 thread) on the suite's evaluation inputs (``inputs.py``): MTCNN P-Net and O-Net
+   (PRelu), PP-OCRv4 det / rec and the PP-OCR direction classifier (hard-swish chains).
 
 Results: ``benchmarks/results/<name>.md`` with the command and the load average.
 """
@@ -80,9 +81,9 @@ def kernel_rows(runs: int) -> list:
 def model_rows(name: str, runs: int) -> list:
     data = inputs.build(name, n_calib=1, n_eval=8)
     path = inputs.model_path(name)
-    before, _ = onnxslim_kit.optimize(str(path), "fuse(prelu=false)", verify=False)
+    before, _ = onnxslim_kit.optimize(str(path), "fuse(activations=false)", verify=False)
     after, _ = onnxslim_kit.optimize(str(path), "fuse", verify=False)
-    report = benchmark([str(path), before, after], data.eval, names=["original", "fuse(prelu=false)", "fuse"],
+    report = benchmark([str(path), before, after], data.eval, names=["original", "fuse(activations=false)", "fuse"],
                        runs=runs, warmup=20, memory=False)
     return report.rows
 
@@ -90,14 +91,15 @@ def model_rows(name: str, runs: int) -> list:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=300)
-    parser.add_argument("--models", default="mtcnn_pnet,mtcnn_onet")
-    parser.add_argument("--name", default=f"prelu-{datetime.now(timezone.utc):%Y-%m-%d}")
+    parser.add_argument("--models", default="mtcnn_pnet,mtcnn_onet,ppocrv4_det,ppocrv4_rec,ppocr_cls_v2")
+    parser.add_argument("--model-runs", type=int, default=100, help="timed runs per model (models)")
+    parser.add_argument("--name", default=f"activations-{datetime.now(timezone.utc):%Y-%m-%d}")
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
-    lines = [f"# fuse: PRelu rewrite ({datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ})", "",
-             f"Command: `python benchmarks/measure_prelu.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
+    lines = [f"# fuse: activation rewrites ({datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ})", "",
+             f"Command: `python benchmarks/measure_activations.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
              f"; onnxruntime {ort.__version__}; load average before {load:.1f}.", "",
-             "## Kernels (1 thread, median µs of interleaved runs)", "",
+             "## PRelu kernel vs its rewrite (1 thread, median µs of interleaved runs)", "",
              "| shape | slopes | rewrite | PRelu µs | rewrite µs | ratio | max abs diff |", "|---|---|---|---:|---:|---:|---:|"]
     for shape, kind, ops, t_prelu, t_new, diff in kernel_rows(args.runs):
         lines.append(f"| {'×'.join(map(str, shape))} | {kind} | {ops} | {t_prelu:.0f} | {t_new:.0f} | "
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
     lines += ["", "## Models (onnxslim_kit.bench: ORT optimizations all, 1 thread, interleaved)", "",
               "| model | variant | median ms | × original [P10, P90] | nodes | drift vs original |", "|---|---|---:|---:|---:|---|"]
     for name in [m for m in args.models.split(",") if m]:
-        for index, row in enumerate(model_rows(name, args.runs)):
+        for index, row in enumerate(model_rows(name, args.model_runs)):
             drift = row["drift"] or {}
             worst = min((d["cosine"] for d in drift.values()), default=1.0)
             abs_err = max((d["max_abs"] for d in drift.values()), default=0.0)
