@@ -8,7 +8,8 @@ tensor where ONNX Runtime has one kernel::
                                                                      →  y = x · HardSigmoid(x; 1/6, ½)
     a = Add(x, 3); c = Clip(a, 0, 6); y = Div(c, 6)                   →  y = HardSigmoid(x; 1/6, ½)
 
-(``Div(·, 6)`` may also be ``Mul(·, 1/6)``.) ``HardSigmoid(x; α, β) = max(0, min(1, αx + β))``
+(``Div(·, 6)`` may also be ``Mul(·, 1/6)``; float16 and float32 only: ONNX Runtime's CPU
+provider has no double HardSigmoid / HardSwish.) ``HardSigmoid(x; α, β) = max(0, min(1, αx + β))``
 is ``relu6(x + 3)/6`` for α = 1/6, β = ½, up to float rounding (about 5e-7 of the value: not
 bitwise, within the lossless tolerance). Each intermediate must be read by the next op only.
 ``fuse`` runs PP-OCRv4 det at 0.857× of the original's latency, rec at 0.829×, the PP-OCR
@@ -25,6 +26,7 @@ from ._graph import attr, const_value, is_onnx_op, only_consumer, producer
 
 LABEL = "hard-swish / hard-sigmoid chain → HardSwish / HardSigmoid"
 SIXTH = 1.0 / 6.0
+KERNEL_TYPES = (np.float16, np.float32)  # ONNX Runtime's CPU HardSigmoid / HardSwish: no double kernel
 
 
 def _scalar(tensor) -> float | None:
@@ -63,7 +65,9 @@ def _match(clip, graph, opset: int):
     if add is None or not is_onnx_op(clip, "Clip") or not is_onnx_op(add, "Add") or not _clip_is_relu6(clip, opset):
         return None
     three = next((t for t in add.inputs if _scalar(t) == 3.0), None)
-    x = _other_input(add, three) if three is not None else None
+    if three is None or const_value(three).dtype not in KERNEL_TYPES:
+        return None
+    x = _other_input(add, three)
     if x is None or isinstance(x, gs.Constant) or only_consumer(add.outputs[0], graph) is not clip:
         return None
     reader = only_consumer(clip.outputs[0], graph)

@@ -49,7 +49,8 @@ def rewrite_prelu(graph: gs.Graph, model, result) -> int:
 def _replacement(model, x, s, slope: np.ndarray, y) -> list:
     """The nodes computing ``y = PRelu(x, s)`` from ``x`` and the constant ``s``."""
     first = slope.reshape(-1)[0]
-    if slope.size and np.all(slope == first) and float(np.float32(first)) == float(first):
+    if (slope.size and np.all(slope == first) and float(np.float32(first)) == float(first)
+            and slope.dtype in (np.float16, np.float32)):  # ORT's CPU LeakyRelu: no double kernel
         return [gs.Node("LeakyRelu", name=model.fresh_name("prelu/LeakyRelu"), inputs=[x], outputs=[y],
                         attrs={"alpha": float(first)})]
     if slope.min(initial=0.0) >= 0 and slope.max(initial=0.0) <= 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import run_ort
+from onnx import TensorProto, helper, numpy_helper
 from test_fuse_cleanup import fuse, model, ops
 
 from onnxslim_kit.passes._hardswish import LABEL
@@ -65,3 +66,23 @@ def test_opset_10_clip_attributes():
 def test_activations_off_keeps_the_chain():
     out, entry = fuse(chain(" m = Mul(x, c)\n y = Div(m, six)"), passes="fuse(activations=false)")
     assert LABEL not in entry.rewrites and ops(out)["Clip"] == 1
+
+
+def test_double_chain_stays():
+    """ONNX Runtime's CPU provider has no double HardSigmoid: a double chain is left alone."""
+    text = CONSTS.replace("float {", "double {") + " a = Add(x, three)\n c = Clip(a, zero, six)\n m = Mul(x, c)\n y = Div(m, six)"
+    out, entry = fuse(model(text, "double[2,4,5] x", "double[2,4,5] y"))
+    assert LABEL not in entry.rewrites and ops(out)["Clip"] == 1
+
+
+def test_float16_chain_is_rewritten(rng):
+    """(The text format has no float16 literals: the chain is built with the helper.)"""
+    consts = [numpy_helper.from_array(np.array(v, np.float16), n) for n, v in (("three", 3), ("zero", 0), ("six", 6))]
+    nodes = [helper.make_node("Add", ["x", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+             helper.make_node("Mul", ["x", "c"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [2, 4, 5]) for n in ("x", "y")]
+    proto = helper.make_model(helper.make_graph(nodes, "g", io[:1], io[1:], consts),
+                              opset_imports=[helper.make_opsetid("", 14)])
+    x = {"x": feeds(rng)["x"].astype(np.float16)}
+    out, entry = fuse(proto, feeds=x)
+    assert entry.rewrites[LABEL] == 1 and dict(ops(out)) == {"HardSwish": 1}
