@@ -13,7 +13,7 @@ Rewrites (each in its own module, each counted in the report under its label):
 * with ``activations`` (on by default), activations rewritten as the ops ONNX Runtime's CPU
   provider runs fastest: :mod:`._prelu` — ``PRelu`` with a constant slope as ``LeakyRelu``,
   ``Mul`` + ``Max`` or ``Relu`` + ``Min``·``Mul`` + ``Add``, the same numbers (ORT's ``PRelu``
-  kernel is 7–14× slower than those); :mod:`._hardswish` — ``x·relu6(x + 3)/6`` chains as
+  kernel is 5–14× slower than those); :mod:`._hardswish` — ``x·relu6(x + 3)/6`` chains as
   ``HardSwish`` (or ``x · HardSigmoid``), ``relu6(x + 3)/6`` as ``HardSigmoid``.
 
 Every rule is applied to the main graph and to every If / Loop / Scan body. Dead code goes
