@@ -4,9 +4,9 @@
     python benchmarks/floors.py --sections int8 --models ppocr_cls_v2,mtcnn_pnet
 
 * ``int8`` — the smallest int8 file ONNX Runtime can fuse, before any graph is written: every
-  Conv/Gemm/MatMul weight as one int8 byte, per output channel a float32 scale (4 B) and an
-  int8 zero point (1 B; ORT 1.32 does not fuse a weight DequantizeLinear without it into
-  QGemm), per output channel of every layer that has a bias an int32 bias (4 B) and its
+  Conv/Gemm/MatMul weight as one int8 byte, per output channel a float32 scale (4 B) and, for
+  Gemm/MatMul, an int8 zero point (1 B; ORT 1.32 does not fuse a weight DequantizeLinear
+  without it into QGemm; QLinearConv needs none), per output channel of every layer that has a bias an int32 bias (4 B) and its
   DequantizeLinear scale ``s_x·s_w`` (4 B), and every other constant of the fused model as it is. Floor = those bytes / the original file. Beside
   it, the files ``fuse,int8`` and ``fuse,int8,compact`` actually write (calibrated on the
   suite's 16 calibration samples).
@@ -75,7 +75,7 @@ def constants(proto: onnx.ModelProto) -> dict:
 
 
 def layer_weights(proto: onnx.ModelProto, arrays: dict) -> list:
-    """(weight name, bias name or None, output channels) of every main-graph layer with a constant weight."""
+    """(weight name, bias name or None, output channels, op) of every main-graph layer with a constant weight."""
     layers = []
     for node in proto.graph.node:
         index = 0 if node.op_type == "MatMul" and node.input[0] in arrays else 1
@@ -89,7 +89,7 @@ def layer_weights(proto: onnx.ModelProto, arrays: dict) -> list:
             axis = w.ndim - 1
         bias = node.input[2] if node.op_type in ("Conv", "ConvTranspose", "Gemm") and len(node.input) > 2 else None
         channels = w.shape[axis] * (_group(node) if node.op_type == "ConvTranspose" else 1)
-        layers.append((node.input[index], bias if bias in arrays else None, int(channels)))
+        layers.append((node.input[index], bias if bias in arrays else None, int(channels), node.op_type))
     return layers
 
 
@@ -115,12 +115,12 @@ def written_bytes(name: str, pipeline: str, calib: list, work: Path) -> int:
 def int8_floor(proto: onnx.ModelProto) -> dict:
     arrays = constants(proto)
     layers = layer_weights(proto, arrays)
-    weights = {w for w, _, _ in layers}
-    biases = {b for _, b, _ in layers if b}
+    weights = {w for w, _, _, _ in layers}
+    biases = {b for _, b, _, _ in layers if b}
     parts = Counter()
-    for w, b, channels in layers:
+    for w, b, channels, op in layers:
         parts["int8 weights"] += arrays[w].size
-        parts["scales (f32) + zero points (i8)"] += 5 * channels
+        parts["scales (f32) + zero points (i8)"] += (4 if op in ("Conv", "ConvTranspose") else 5) * channels
         parts["int32 biases + their scales"] += 8 * channels if b else 0
     parts["other constants"] = sum(a.nbytes for n, a in arrays.items() if n not in weights | biases)
     return dict(parts)
@@ -128,7 +128,7 @@ def int8_floor(proto: onnx.ModelProto) -> dict:
 
 def cluster_floor(proto: onnx.ModelProto, min_weights: int) -> dict:
     arrays = constants(proto)
-    weights = {w for w, _, _ in layer_weights(proto, arrays) if arrays[w].size >= min_weights}
+    weights = {w for w, _, _, _ in layer_weights(proto, arrays) if arrays[w].size >= min_weights}
     parts = Counter()
     for name, a in arrays.items():
         if name in weights:

@@ -102,16 +102,19 @@ def quantize_bias(bias: np.ndarray, x_scale: float, w_scales: np.ndarray) -> tup
 
 
 def dequantize_constant(model, graph: gs.Graph, values_q: np.ndarray, scale: np.ndarray,
-                        axis: int | None, base: str, zero=None) -> gs.Variable:
+                        axis: int | None, base: str, zero=None, zero_point: bool = True) -> gs.Variable:
     """``DequantizeLinear(values_q, scale[, zero])`` as a node of ``graph``; returns its output.
 
-    An int32 bias gets no zero point (the operator's default, 0, is the only one allowed):
-    a vector of zeros costs four bytes per channel (PP-OCR's depthwise-heavy direction
-    classifier in int8: 273 → 258 KB). Integer weights keep theirs, even when it is 0: without it
-    ONNX Runtime 1.32 does not fuse DQ → Gemm → Q into QGemm (test_int8)."""
+    A symmetric encoding (``zero`` None) writes its zero point, a vector of zeros, only where
+    ONNX Runtime needs it (``zero_point``): an int32 bias gets none (0, the operator's default,
+    is the only one allowed), nor does a Conv weight (QLinearConv is fused without it) — a byte
+    or four per channel (PP-OCR's depthwise-heavy direction classifier in int8: 273 → 258 KB
+    for the biases, 4 KB more for the Conv weights). MatMul / Gemm weights keep theirs, even
+    when it is 0: without it ONNX Runtime 1.32 does not fuse DQ → Gemm → Q into QGemm
+    (test_int8)."""
     q = new_constant(model, f"int8/{base}_q", values_q)
     s = new_constant(model, f"int8/{base}_scale", np.asarray(scale, dtype=np.float32))
-    if zero is None and values_q.dtype == np.int32:
+    if zero is None and (values_q.dtype == np.int32 or not zero_point):
         inputs = [q, s]
     else:
         zero = np.zeros(np.shape(scale), dtype=values_q.dtype) if zero is None else np.asarray(zero)
@@ -399,7 +402,8 @@ def _quantize_weights(model, graph: gs.Graph, node: gs.Node, spec, plan) -> None
     the arrays are computed once per layer and plan (``plan.encodings``), trials reuse them."""
     wq, scales, axis, zero, bias = _encoded(plan, spec, ("static", spec.name in plan.bias_shift),
                                             lambda: _encode_weights(node, spec, plan))
-    node.inputs[spec.weight_index] = dequantize_constant(model, graph, wq, scales, axis, "w", zero=zero)
+    node.inputs[spec.weight_index] = dequantize_constant(model, graph, wq, scales, axis, "w", zero=zero,
+                                                         zero_point=spec.op != "Conv")
     if bias is not None:
         bq, bscale = bias
         b_dq = dequantize_constant(model, graph, bq, bscale, 0 if np.ndim(bscale) == 1 else None, "b")

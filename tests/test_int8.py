@@ -85,6 +85,9 @@ def test_conv_relu_chain_placement_and_qlinearconv(tmp_path):
     # the last Conv's output is a graph output and stays float
     assert count["QuantizeLinear"] == 3
     assert count["DequantizeLinear"] == 3 + 3 + 3  # activations + weights + biases
+    producers = {o: n for n in out.graph.node for o in n.output}
+    weight_dqs = [producers[n.input[i]] for n in out.graph.node if n.op_type == "Conv" for i in (1, 2)]
+    assert all(len(dq.input) == 2 for dq in weight_dqs)  # symmetric weights and int32 biases: no zero point
     for node in out.graph.node:
         if node.op_type == "Relu":
             assert node.output[0] in {q.input[0] for q in out.graph.node if q.op_type == "QuantizeLinear"}
