@@ -169,7 +169,8 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
                                      budget, cap, opts["min_channels"], multiple, result, ctx.progress,
                                      floor=opts["ratio"], fallback=ranked)
     if not removed:
-        result.skip("nothing to prune at this ratio")
+        result.skip(f"nothing to prune at this ratio: cuts come in steps of multiple={multiple} channels, "
+                    f"at most max_ratio={cap:g} of a group, keeping min_channels={opts['min_channels']}")
         return
     result.metrics["units_pruned"] = len(removed)
     means = {i: stats[c.tensor.name][0] for i, c in enumerate(cg.consumers)}

@@ -248,8 +248,9 @@ def sensitivity_select(cg, teacher, stats: dict, samples: list, scores: dict, co
     todo = [(g, ranked, levels(len(g), len(ranked), cap, min_channels, multiple, count)) for g, ranked in groups]
     todo = [t for t in todo if t[2]]
     configs = sum(len(t[2]) for t in todo)
+    target = max(cost_model.saved(default), floor * cost_model.saved([u for _, ranked in groups for u in ranked]))
     if not configs:
-        return default
+        return budget_report(default, target, cost_model, result, cap, multiple, min_channels)
     try:
         probe = probe or LossProbe(teacher, cg, stats, samples[:n_samples])
     except Exception as exc:  # noqa: BLE001 - ORT rejects the masked model: keep the ranked selection
@@ -263,7 +264,6 @@ def sensitivity_select(cg, teacher, stats: dict, samples: list, scores: dict, co
             level_counts.append(cost_model.counts(ranked[:n]))
         curves.append(curve)
         counts.append(level_counts)
-    target = max(cost_model.saved(default), floor * cost_model.saved([u for _, ranked in groups for u in ranked]))
     chosen = allocate(curves, target, cost_model, counts)
     removed = set()
     for (group, ranked, _), curve, j in zip(todo, curves, chosen):
@@ -278,5 +278,16 @@ def sensitivity_select(cg, teacher, stats: dict, samples: list, scores: dict, co
         if joint_other < joint and cost_model.saved(other) >= min(target, cost_model.saved(removed)):
             result.skip("alloc=sensitivity: the ranked selection measured a smaller loss, kept")
             removed = other
-    result.metrics["budget_saved"] = [float(f"{target:.4g}"), float(f"{cost_model.saved(removed):.4g}")]
+    return budget_report(removed, target, cost_model, result, cap, multiple, min_channels)
+
+
+def budget_report(removed: set, target: float, cost_model, result, cap: float, multiple: int,
+                   min_channels: int) -> set:
+    """``removed``, with the budget and what it saves in the metrics, and a note when it falls short."""
+    saved = cost_model.saved(removed)
+    result.metrics["budget_saved"] = [float(f"{target:.4g}"), float(f"{saved:.4g}")]
+    if saved < target:
+        result.notes.append(f"ratio not reached: {saved / target:.0%} of the compute asked for can go within "
+                            f"max_ratio={cap:g}, multiple={multiple}, min_channels={min_channels} (the groups' "
+                            f"cuts come in steps of {multiple} channels, at most {cap:g} of a group)")
     return removed

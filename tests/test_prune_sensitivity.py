@@ -15,9 +15,16 @@ from onnxslim_kit.model import Model
 from onnxslim_kit.passes._prune_apply import apply
 from onnxslim_kit.passes._prune_importance import activation_stats, consumer_inputs
 from onnxslim_kit.passes._prune_refit import fit_held_out, ridge
-from onnxslim_kit.passes._prune_sensitivity import LossProbe, allocate, levels, masked_model, measured_tensors
+from onnxslim_kit.passes._prune_sensitivity import (
+    LossProbe,
+    budget_report,
+    allocate,
+    levels,
+    masked_model,
+    measured_tensors,
+)
 from onnxslim_kit.passes.prune import analyse_model
-from onnxslim_kit.pipeline import PassContext
+from onnxslim_kit.pipeline import PassContext, PassResult
 
 
 def _unpadded():
@@ -118,3 +125,24 @@ def test_loss_is_measured_on_logits_of_softmax_and_sigmoid_outputs():
     inits = {"a.w": weight(8, 3, 3, 3), "a.b": weight(8), "b.w": weight(4, 8, 1, 1), "b.b": weight(4)}
     proto = build(nodes, inits, [1, 3, 6, 6], {"p": 4, "q": 4, "z": 4})
     assert measured_tensors(proto) == ["b", "z"]  # both squashed outputs share the logits "b"
+
+
+def test_a_ratio_the_cap_and_channel_steps_cannot_reach_is_reported():
+    """Steps of 16 channels with at most 2·ratio of a group: ratio=0.1 cannot cut NET's groups
+    (32, 16, 24 channels) at all, and says why; a budget met only in part is a note with the share."""
+    _, result = run_prune(NET, ratio=0.1, multiple=16, min_channels=4, refit=False)
+    (reason,) = [r for r in result.skipped if r.startswith("nothing to prune at this ratio")]
+    assert "multiple=16" in reason and "max_ratio=0.2" in reason
+
+    class Saves:  # a cost model: each unit saves 1
+        saved = staticmethod(len)
+
+    notes = PassResult()
+    assert budget_report({1, 2}, 8.0, Saves, notes, 0.2, 16, 8) == {1, 2}
+    assert notes.metrics["budget_saved"] == [8.0, 2.0]
+    assert notes.notes == ["ratio not reached: 25% of the compute asked for can go within max_ratio=0.2, "
+                           "multiple=16, min_channels=8 (the groups' cuts come in steps of 16 channels, at most "
+                           "0.2 of a group)"]
+    met = PassResult()
+    budget_report({1, 2}, 2.0, Saves, met, 0.2, 16, 8)
+    assert not met.notes
