@@ -57,3 +57,25 @@ def test_slope_not_exact_in_float32_is_not_made_leaky_relu():
     proto = model("s = Constant<value = double[1] {0.1}>()\n y = PRelu(x, s)", "double[2,3] x", "double[2,3] y")
     out, _ = onnxslim_kit.optimize(proto, passes="fuse", verify=False)
     assert ops(out) == {"Mul": 1, "Max": 1}
+
+
+def test_prelu_inside_an_if_body_is_rewritten(rng):
+    from onnx import TensorProto, helper, numpy_helper
+
+    slope = numpy_helper.from_array(np.array([-0.3, 0.2, 1.2, 0.0], np.float32).reshape(4, 1, 1), "s")
+    body = helper.make_graph([helper.make_node("PRelu", ["x", "s"], ["t_y"])], "t", [],
+                             [helper.make_tensor_value_info("t_y", TensorProto.FLOAT, [2, 4, 3, 3])], [slope])
+    other = helper.make_graph([helper.make_node("Relu", ["x"], ["e_y"])], "e", [],
+                              [helper.make_tensor_value_info("e_y", TensorProto.FLOAT, [2, 4, 3, 3])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 3]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3, 3])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": feeds_with_edges(rng)["x"], "c": np.array(True)}
+    out, entry = fuse(proto, feeds=feeds)
+    assert entry.rewrites[LABEL] == 1
+    then = next(a.g for a in out.graph.node[0].attribute if a.name == "then_branch")
+    assert ops(out, then) == {"Relu": 1, "Min": 1, "Mul": 1, "Add": 1}
+    np.testing.assert_array_equal(run_ort(out, feeds)[0], run_ort(proto, feeds)[0])
