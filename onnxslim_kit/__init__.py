@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from .calibration import CalibrationFeed, input_specs
@@ -18,6 +19,7 @@ from .errors import SlimError, UserError, VerificationError
 from .model import Model, load_proto, save_proto
 from .pipeline import Option, Pass, PassContext, PassResult, PassSpec, parse_pass_list, register_pass, run_pipeline
 from .report import Report
+from .specialize import fix_inputs
 
 __version__ = "0.1.0"
 
@@ -46,6 +48,7 @@ def optimize(
     *,
     calib=None,
     input_shapes: dict | None = None,
+    fixed_inputs: dict | None = None,
     num_samples: int = 8,
     seed: int = 0,
     verify: bool = True,
@@ -63,6 +66,9 @@ def optimize(
     returning an iterable of them; ``None`` generates ``num_samples`` random samples.
     ``eval_data``: the same kinds of source, used only to verify each pass (held-out samples,
     so the drift of a data-driven pass is not measured on the data it was fitted to).
+    ``fixed_inputs``: ``{"sr": 16000}`` — those inputs become constants before the passes run
+    (:mod:`.specialize`); the result no longer has them, and it is verified against the original
+    with the same values.
     """
     if isinstance(model, (str, Path)):
         input_path = str(model)
@@ -72,6 +78,12 @@ def optimize(
         proto = model
     else:
         raise UserError(f"optimize() takes a path or an onnx.ModelProto, not {type(model).__name__}")
+    fixed_notes = []
+    if fixed_inputs:
+        if proto is model:  # the caller's proto is never modified
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)
+        fixed_notes = fix_inputs(proto, {k: [str(x) for x in np.ravel(v)] for k, v in fixed_inputs.items()})
     specs = input_specs(proto)
     feed = CalibrationFeed(specs, calib, input_shapes, num_samples=num_samples, seed=seed)
     eval_feed = CalibrationFeed(specs, eval_data, input_shapes) if eval_data is not None else None
@@ -85,4 +97,5 @@ def optimize(
         verify_samples=verify_samples, eval_feed=eval_feed, **kwargs,
     )
     report.input_path = input_path
+    report.load_notes[:0] = fixed_notes
     return result, report

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="held-out samples (same formats as --calib) used only to verify each pass")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                         help="fix an input's dynamic dimensions, e.g. x:1,3,224,224 (repeatable)")
+    parser.add_argument("--fix-input", action="append", default=[], metavar="NAME=V1[,V2...]",
+                        help="replace an input by a constant (e.g. sr=16000): fuse then folds what depends on it "
+                             "(If branches, shape arithmetic); the result no longer has that input (repeatable)")
     parser.add_argument("--num-samples", type=int, default=8,
                         help="random samples to generate when --calib is not given (default 8)")
     parser.add_argument("--verify-samples", type=int, default=4,
@@ -125,6 +128,7 @@ def run_optimize(args) -> int:
     from . import optimize
     from .calibration import parse_input_shapes
     from .model import save_proto
+    from .specialize import parse_input_values
 
     if not args.model:
         raise UserError("no model given (see --help)")
@@ -134,6 +138,7 @@ def run_optimize(args) -> int:
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[onnxslim_kit] {msg}", file=sys.stderr))
     proto, report = optimize(
         model_path, args.passes, calib=args.calib, input_shapes=parse_input_shapes(args.input_shape),
+        fixed_inputs=parse_input_values(args.fix_input),
         num_samples=args.num_samples, seed=args.seed, verify=not args.no_verify, strict=args.strict,
         rtol=args.rtol, verify_samples=args.verify_samples, eval_data=args.eval, progress=_progress_factory(args.quiet), log=log,
     )
