@@ -29,10 +29,13 @@ rows); the student runs once per consumer, on the first ``n`` samples only, wher
 output has ``P`` positions per sample uses ``n = min(S, max(MIN_SAMPLES, ⌈4·MAX_ROWS / P⌉))``
 (large feature maps give plenty of rows from few images — this is what makes the text
 detector's re-fit fast). Skipped with a reason: more than ``MAX_INPUTS`` unknowns per output
-(the normal equations would be too large), 2-D kernels only.
+(the normal equations would be too large). A 1-D Conv (audio: silero VAD's encoder) is
+re-fitted as a 2-D one over a height of 1 (:func:`conv_rows_geometry`).
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -62,6 +65,22 @@ def im2col_rows(x: np.ndarray, geo, positions: np.ndarray) -> np.ndarray:
     patches = xp[positions[:, 0, None, None, None], channels[None, :, None, None], iy[:, None, :, None],
                  ix[:, None, None, :]]
     return patches.reshape(len(positions), -1)
+
+
+def conv_rows_geometry(node, x: np.ndarray) -> tuple:
+    """``(x, geometry)`` for :func:`im2col_rows`: a 1-D Conv's input [N, C, L] and attributes
+    lifted to 2-D over a height of 1 (kernel 1×k, stride 1×s, …); a 2-D Conv's as they are."""
+    if x.ndim == 4:
+        return x, conv_geometry(node, x.shape)
+    attrs = dict(node.attrs)
+    for key, one in (("strides", [1]), ("dilations", [1])):
+        attrs[key] = [1] + list(attrs.get(key, one))
+    pads = list(attrs.get("pads", [0, 0]))
+    attrs["pads"] = [0, pads[0], 0, pads[1]]
+    weight = node.inputs[1].values
+    kernel = SimpleNamespace(values=np.empty(weight.shape[:2] + (1,) + weight.shape[2:], np.int8))  # shape only
+    lifted = SimpleNamespace(attrs=attrs, inputs=[None, kernel])
+    return x[:, :, None, :], conv_geometry(lifted, (x.shape[0], x.shape[1], 1, x.shape[2]))
 
 
 def _positions(shape, count: int, rng) -> np.ndarray:
@@ -122,8 +141,8 @@ def not_refittable(c) -> str | None:
     node, w = c.node, const_value(c.node.inputs[1])
     if c.kind == "convT":
         return "ConvTranspose (mean compensation only)"
-    if c.kind == "conv" and w.ndim != 4:
-        return "Conv not 2-D"
+    if c.kind == "conv" and w.ndim not in (3, 4):
+        return "Conv not 1-D or 2-D"
     if c.kind == "gemm" and len(node.inputs) > 2 and node.inputs[2].name and (
             const_value(node.inputs[2]) is None or const_value(node.inputs[2]).size not in (1, w.shape[1 - c.in_axis])):
         return "Gemm with a matrix C"
@@ -222,8 +241,13 @@ class Refitter:
                     continue
                 x = acts[c.node.inputs[0].name]
                 xs, ids = self.inputs[id(c.node)]
-                xs.append(im2col_rows(x, conv_geometry(c.node, x.shape), self.targets[id(c.node)][1][i])
-                          if c.kind == "conv" else x.reshape(-1, x.shape[-1]))
+                if c.kind == "conv":
+                    pos = self.targets[id(c.node)][1][i]
+                    if pos.shape[1] == 2:  # 1-D: (n, l) → (n, 0, l) on the lifted input
+                        pos = np.insert(pos, 1, 0, axis=1)
+                    xs.append(im2col_rows(*conv_rows_geometry(c.node, x), pos))
+                else:
+                    xs.append(x.reshape(-1, x.shape[-1]))
                 ids.append(np.full(len(xs[-1]), i))
 
     def _rows(self, c, out_mask):

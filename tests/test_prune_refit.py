@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import pytest
+from conftest import random_feeds, run_ort
 from onnx import helper, numpy_helper
 from test_prune_ratio import NET, min_cosine
 from test_prune_strip import build, conv, conv_weight, run_prune, weight
@@ -13,7 +15,8 @@ from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.passes._prune_groups import analyse
 from onnxslim_kit.passes._prune_latency import node_times, unit_latency
 from onnxslim_kit.passes._prune_ratio import within_budget
-from onnxslim_kit.passes._prune_refit import ALPHAS, ridge, ridge_held_out
+from onnxslim_kit.model import Model
+from onnxslim_kit.passes._prune_refit import ALPHAS, conv_rows_geometry, im2col_rows, ridge, ridge_held_out
 from onnxslim_kit.passes._prune_student import truncate, waves
 
 
@@ -143,3 +146,53 @@ def test_max_loss_spares_groups_and_keeps_the_model_closer():
     assert min_cosine(tight) > min_cosine(free)
     _, r_same = run_prune(NET, ratio=0.5, multiple=4, min_channels=4, refit=False, alloc="rank", max_loss=1.0)
     assert r_same.metrics["units_pruned"] == r_free.metrics["units_pruned"]
+
+
+def _conv1d_net():
+    """x [1, 4, 40] → Conv1d a (16, k 3, stride 2) → Relu → Conv1d b (12, k 5, dilation 2) → Relu → Conv1d c (6, k 1)."""
+    def conv1d(name, x, shape, **attrs):
+        return helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [name], name=name,
+                                kernel_shape=[shape[2]], **attrs)
+
+    shapes = {"a": (16, 4, 3), "b": (12, 16, 5), "c": (6, 12, 1)}
+    nodes = [conv1d("a", "x", shapes["a"], pads=[1, 1], strides=[2]), helper.make_node("Relu", ["a"], ["r"]),
+             conv1d("b", "r", shapes["b"], pads=[4, 4], dilations=[2]), helper.make_node("Relu", ["b"], ["s"]),
+             conv1d("c", "s", shapes["c"])]
+    inits = {f"{n}.{k}": v for n, shape in shapes.items() for k, v in (("w", weight(*shape)), ("b", weight(shape[0])))}
+    return build(nodes, inits, [1, 4, 40], {"c": 3})
+
+
+def test_conv1d_consumers_are_refitted():
+    """A 1-D Conv is re-fitted as a 2-D one over a height of 1: same rows, same solve."""
+    net = _conv1d_net()
+    feeds = [random_feeds(net, seed) for seed in (21, 22, 23)]
+    want = [run_ort(net, f)[0] for f in feeds]
+
+    def worst(model):
+        return min(float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
+                   for a, b in zip(want, (run_ort(model, f)[0] for f in feeds)))
+
+    fitted, result = run_prune(net, ratio=0.4, criterion="l1", multiple=4, min_channels=4)
+    plain, _ = run_prune(net, ratio=0.4, criterion="l1", multiple=4, min_channels=4, refit=False)
+    assert result.rewrites["refit layer"] >= 1
+    assert not [r for r in result.skipped if r.startswith("refit: Conv not")]
+    assert all(r < 1.0 for r in result.metrics["refit_error_ratio"])
+    assert worst(fitted) > worst(plain)
+
+
+def test_conv1d_rows_times_the_weights_are_the_conv_output():
+    """im2col rows of the lifted 1-D input reproduce ONNX Runtime's Conv1d: stride and pads (a),
+    dilation and pads (b), at every output step."""
+    net = _conv1d_net()
+    probe = onnx.ModelProto()
+    probe.CopyFrom(net)
+    probe.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in "arb")
+    x = random_feeds(net, 5)["x"]
+    _, a_out, r_out, b_out = run_ort(probe, {"x": x})
+    nodes = {n.name: n for n in Model.from_proto(net).graph.nodes}
+    for name, inp, out in (("a", x, a_out), ("b", r_out, b_out)):
+        node = nodes[name]
+        w, b = node.inputs[1].values, node.inputs[2].values
+        positions = np.array([(0, 0, step) for step in range(out.shape[2])])
+        got = im2col_rows(*conv_rows_geometry(node, inp), positions) @ w.reshape(w.shape[0], -1).T + b
+        np.testing.assert_allclose(got, out[0].T, rtol=1e-4, atol=1e-5)
