@@ -43,6 +43,7 @@ sys.path.insert(0, str(HERE))
 import inputs  # noqa: E402
 
 import onnxslim_kit  # noqa: E402
+from onnxslim_kit.model import proto_graphs  # noqa: E402
 
 LAYER_OPS = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0, "MatMul": 1}  # op → output-channel axis of the weight
 CONV_KERNELS = {"Conv", "FusedConv", "QLinearConv", "NhwcFusedConv", "ConvTranspose"}
@@ -61,17 +62,7 @@ def parse_args(argv):
 
 def constants(proto: onnx.ModelProto) -> dict:
     """name → array of every initializer, subgraphs included."""
-    found = {}
-
-    def walk(graph):
-        for t in graph.initializer:
-            found[t.name] = numpy_helper.to_array(t)
-        for node in graph.node:
-            for a in node.attribute:
-                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                    walk(sub)
-    walk(proto.graph)
-    return found
+    return {t.name: numpy_helper.to_array(t) for g in proto_graphs(proto.graph) for t in g.initializer}
 
 
 def layer_weights(proto: onnx.ModelProto, arrays: dict) -> list:

@@ -121,7 +121,7 @@ class Model:
             producer_name=proto.producer_name,
             producer_version=proto.producer_version,
             metadata_props={p.key: p.value for p in proto.metadata_props},
-            source_value_info=frozenset(v.name for g in _proto_graphs(proto.graph) for v in g.value_info),
+            source_value_info=frozenset(v.name for g in proto_graphs(proto.graph) for v in g.value_info),
         )
         for g in model.all_graphs():
             map_constants(g)  # weights left on disk (load_proto(lazy=True)) are read as file maps
@@ -262,13 +262,13 @@ def source_names_kept(graphs):
 _SPILLED = {d for d in NUMPY_DTYPES.values() if d not in (np.dtype(np.int64), np.dtype(np.int32))}
 
 
-def _proto_graphs(graph: onnx.GraphProto):
-    """``graph`` and every graph inside its nodes' attributes (If/Loop/Scan bodies)."""
+def proto_graphs(graph: onnx.GraphProto):
+    """``graph`` and every graph inside its nodes' attributes (If/Loop/Scan bodies), outermost first."""
     yield graph
     for node in graph.node:
         for attribute in node.attribute:
             for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                yield from _proto_graphs(sub)
+                yield from proto_graphs(sub)
 
 
 def drop_new_value_info(proto: onnx.ModelProto, keep: frozenset) -> int:
@@ -277,7 +277,7 @@ def drop_new_value_info(proto: onnx.ModelProto, keep: frozenset) -> int:
     each new tensor a pass gave a type: ONNX Runtime infers them anyway, and in an int8 file
     they were 10 % of the bytes (PP-OCR direction classifier: 491 entries, 25.6 KB)."""
     dropped = 0
-    for graph in _proto_graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         kept = [v for v in graph.value_info if v.name in keep]
         if len(kept) < len(graph.value_info):
             dropped += len(graph.value_info) - len(kept)

@@ -13,18 +13,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-from .model import model_size_bytes
-
-
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub)
+from .model import model_size_bytes, proto_graphs
 
 
 def _elements(tensor: onnx.TensorProto) -> int:
@@ -33,7 +22,7 @@ def _elements(tensor: onnx.TensorProto) -> int:
 
 def model_stats(proto: onnx.ModelProto) -> dict:
     ops, params = Counter(), 0
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         params += sum(_elements(t) for t in graph.initializer)
         for node in graph.node:
             ops[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxslim_kit.model import proto_graphs
+
 ONNX_DOMAINS = ("", "ai.onnx")
 
 
@@ -239,14 +241,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _strip_value_info(graph: onnx.GraphProto) -> None:
-    del graph.value_info[:]
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                _strip_value_info(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for sub in attribute.graphs:
-                    _strip_value_info(sub)
+    for sub in proto_graphs(graph):
+        del sub.value_info[:]
 
 
 def _type_info(value_info) -> tuple | None:
