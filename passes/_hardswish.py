@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ._fold_common import split_constant
 from ._graph import attr, const_value, is_onnx_op, only_consumer, producer
 
 LABEL = "hard-swish / hard-sigmoid chain → HardSwish / HardSigmoid"
@@ -29,9 +30,13 @@ SIXTH = 1.0 / 6.0
 KERNEL_TYPES = (np.float16, np.float32)  # ONNX Runtime's CPU HardSigmoid / HardSwish: no double kernel
 
 
-def _scalar(tensor) -> float | None:
-    value = const_value(tensor)
+def _scalar_of(value) -> float | None:
+    """The number a one-element float array holds (None for anything else)."""
     return float(value.reshape(-1)[0]) if value is not None and value.size == 1 and value.dtype.kind == "f" else None
+
+
+def _scalar(tensor) -> float | None:
+    return _scalar_of(const_value(tensor))
 
 
 def _other_input(node, known):
@@ -54,8 +59,8 @@ def _divides_by_six(node, tensor) -> bool:
     if is_onnx_op(node, "Div") and node.inputs[0] is tensor:
         return _scalar(node.inputs[1]) == 6.0
     if is_onnx_op(node, "Mul"):
-        other = _other_input(node, tensor)
-        return other is not None and _scalar(other) == float(np.float32(SIXTH))
+        value, _, other = split_constant(node)
+        return other is tensor and _scalar_of(value) == float(np.float32(SIXTH))
     return False
 
 
@@ -64,11 +69,8 @@ def _match(clip, graph, opset: int):
     add = producer(clip.inputs[0])
     if add is None or not is_onnx_op(clip, "Clip") or not is_onnx_op(add, "Add") or not _clip_is_relu6(clip, opset):
         return None
-    three = next((t for t in add.inputs if _scalar(t) == 3.0), None)
-    if three is None or const_value(three).dtype not in KERNEL_TYPES:
-        return None
-    x = _other_input(add, three)
-    if x is None or isinstance(x, gs.Constant) or only_consumer(add.outputs[0], graph) is not clip:
+    three, _, x = split_constant(add)
+    if _scalar_of(three) != 3.0 or three.dtype not in KERNEL_TYPES or only_consumer(add.outputs[0], graph) is not clip:
         return None
     reader = only_consumer(clip.outputs[0], graph)
     if _divides_by_six(reader, clip.outputs[0]):
