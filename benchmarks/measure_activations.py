@@ -36,6 +36,7 @@ import inputs  # noqa: E402
 
 import onnxslim_kit  # noqa: E402
 from onnxslim_kit.bench import benchmark  # noqa: E402
+from onnxslim_kit.runtime import make_session  # noqa: E402
 
 PNET_SHAPES = [(1, 10, 118, 158), (1, 16, 57, 77), (1, 32, 55, 75)]
 
@@ -49,12 +50,6 @@ def one_node(shape, slope: np.ndarray) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def session(proto: onnx.ModelProto):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = so.inter_op_num_threads = 1
-    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def kernel_rows(runs: int) -> list:
     rng = np.random.default_rng(0)
     rows = []
@@ -64,7 +59,7 @@ def kernel_rows(runs: int) -> list:
                             ("mixed signs", rng.random((shape[1], 1, 1)) - 0.5)):
             proto = one_node(shape, slope.astype(np.float32))
             rewritten, _ = onnxslim_kit.optimize(proto, "fuse", verify=False)
-            sessions = [session(proto), session(rewritten)]
+            sessions = [make_session(m, opt_level="all", threads=1) for m in (proto, rewritten)]
             outs = [s.run(None, {"x": x})[0] for s in sessions]
             times = [[], []]
             for _ in range(runs):
