@@ -42,6 +42,7 @@ import onnx
 from onnx import helper
 
 from onnxslim_kit.metrics import compare, merge
+from onnxslim_kit.model import proto_graphs
 from onnxslim_kit.runtime import make_session, run
 
 from ._cluster_stream import group_bytes, member_bytes
@@ -60,7 +61,7 @@ def overridable(proto: onnx.ModelProto, names: list) -> onnx.ModelProto:
     out.ir_version = max(out.ir_version, 4)
     inits = {t.name: t for t in out.graph.initializer}
     wanted = set(names) - set(inits)
-    for graph in _bodies(out.graph):
+    for graph in list(proto_graphs(out.graph))[1:]:  # the bodies, nested ones included
         for t in [t for t in graph.initializer if t.name in wanted]:
             out.graph.initializer.append(t)
             graph.initializer.remove(t)
@@ -69,15 +70,6 @@ def overridable(proto: onnx.ModelProto, names: list) -> onnx.ModelProto:
         t = inits[name]
         out.graph.input.append(helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
     return out
-
-
-def _bodies(graph: onnx.GraphProto):
-    """Every subgraph of ``graph``, nested ones included."""
-    for node in graph.node:
-        for attr in node.attribute:
-            for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield body
-                yield from _bodies(body)
 
 
 class Trials:
