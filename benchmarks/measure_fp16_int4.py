@@ -253,8 +253,8 @@ def section_int4(args) -> list:
 
 
 def section_gptq(args) -> list:
-    from onnxslim_kit.passes import _int4_gptq as gq
-    from onnxslim_kit.passes._blas import blas_threads
+    from onnxslim_kit.passes.int4 import gptq as gq
+    from onnxslim_kit.passes._common.blas import blas_threads
 
     rng = np.random.default_rng(0)
     lines = ["## GPTQ time per layer (random W, X with 2·K rows, block 128, 1 BLAS thread)", "",

@@ -5,12 +5,12 @@
 
 ``--big N`` (session 3): statistics from the real tokens of ``N`` sentences of
 ``data/svd_calib_sentences.txt`` (WordNet usage examples, :mod:`build_svd_calib`; Ledoit–Wolf
-shrunk Gram matrices, :mod:`onnxslim_kit.passes._svd_math`), 64 further sentences of that file
+shrunk Gram matrices, :mod:`onnxslim_kit.passes.svd.maths.factor`), 64 further sentences of that file
 held out as the check set, and the trade-off curve (weight-MatMul FLOPs removed vs worst
 sentence-embedding cosine on the 32 evaluation sentences) of two allocations over a fine price
 sweep: ``measured`` (1 − cos per layer and grid rank, measured on the check sentences) and
 ``spectrum`` (the pass's default: layer error from the whitened spectrum × one measured
-transfer factor per layer, :mod:`onnxslim_kit.passes._svd_alloc`). Plus the session-2
+transfer factor per layer, :mod:`onnxslim_kit.passes.svd.alloc`). Plus the session-2
 "oracle" scored the other way round (fitted on the evaluation sentences, scored on 64 WordNet
 sentences), which shows that it was an in-sample fit, not a bound.
 
@@ -25,7 +25,7 @@ Rows:
 * ``uniform``: every layer the smallest rank keeping energy ``e`` of the whitened SVD (the
   session-1 rule family), calibration Gram matrices;
 * ``alloc``: per-layer, per-rank sensitivity (mean ``1 − cos`` of the sentence embedding with
-  that layer alone factorised) then a Lagrangian allocation (see passes/_svd_alloc.py) —
+  that layer alone factorised) then a Lagrangian allocation (see passes/svd/alloc.py) —
   ``oracle``: Gram and sensitivity on the *evaluation* sentences (an upper bound, not a
   method); ``in-sample``: both on the calibration sentences; ``cross-fitted``: factors fitted
   on one half of the calibration sentences, loss measured on the other (what the pass does);
@@ -225,8 +225,8 @@ def encode(sentences: list) -> dict:
 
 def big_study(h, n: int, emit, lines) -> None:
     """The session-3 rows (see the module docstring)."""
-    from onnxslim_kit.passes._svd_alloc import SCALE_AT
-    from onnxslim_kit.passes._svd_math import Factorization
+    from onnxslim_kit.passes.svd.alloc import SCALE_AT
+    from onnxslim_kit.passes.svd.maths.factor import Factorization
 
     text = [s.strip() for s in (HERE / "data" / "svd_calib_sentences.txt").read_text().splitlines()
             if s.strip() and not s.startswith("#")]
@@ -287,7 +287,7 @@ def sequential_refit(h, batches: list, ranks: dict) -> dict:
     minimise ``‖X̃ A B − X W‖`` where ``X̃`` are its inputs in the model compressed so far and
     ``X`` the original's (reduced-rank regression: ``M = G̃⁻¹ C W`` with ``G̃ = X̃ᵀX̃``,
     ``C = X̃ᵀX``, then the rank-``r`` truncation of ``L̃ᵀ M``, ``G̃ = L̃ L̃ᵀ``)."""
-    from onnxslim_kit.passes._svd_math import shrinkage
+    from onnxslim_kit.passes.svd.maths.factor import shrinkage
 
     saved = h.splits["calib"], h.ref["calib"]
     rep = {}

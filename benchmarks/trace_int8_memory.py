@@ -22,10 +22,10 @@ STEPS = [  # (module, attribute path, label)
     ("onnxslim_kit.model", "Model.to_proto", "Model.to_proto"),
     ("onnxslim_kit.passes.int8", "Int8Pass._calibrate", "int8: calibration run"),
     ("onnxslim_kit.passes.int8", "Int8Pass._plan", "int8: plan"),
-    ("onnxslim_kit.passes._quant_fallback", "Scorer.__init__", "int8: reference outputs"),
-    ("onnxslim_kit.passes._quant_qdq", "apply_plan", "int8: apply a plan (trial or final)"),
-    ("onnxslim_kit.passes._quant_fallback", "SharedWeights.session", "int8: trial session"),
-    ("onnxslim_kit.passes._quant_fallback", "Scorer.score_session", "int8: scoring runs"),
+    ("onnxslim_kit.passes.int8.fallback", "Scorer.__init__", "int8: reference outputs"),
+    ("onnxslim_kit.passes._quant.qdq", "apply_plan", "int8: apply a plan (trial or final)"),
+    ("onnxslim_kit.passes.int8.fallback", "SharedWeights.session", "int8: trial session"),
+    ("onnxslim_kit.passes.int8.fallback", "Scorer.score_session", "int8: scoring runs"),
 ]
 
 
@@ -64,8 +64,8 @@ def instrument(rows: dict) -> None:
 
         setattr(owner, attr, functools.wraps(fn)(wrapper))
     # names imported into int8 before the wrapping
-    import onnxslim_kit.passes._quant_fallback as fallback
-    import onnxslim_kit.passes._quant_qdq as qdq
+    import onnxslim_kit.passes.int8.fallback as fallback
+    import onnxslim_kit.passes._quant.qdq as qdq
     import onnxslim_kit.passes.int8 as int8
 
     int8.apply_plan = qdq.apply_plan

@@ -99,7 +99,7 @@ def load_metric(spec: str):
 def main(argv: list) -> int:
     from . import bench
     from .calibration import CalibrationFeed, input_specs, parse_input_shapes
-    from .cli import _progress_factory
+    from .progress import progress_bar
     from .model import load_proto
 
     args = build_parser().parse_args(argv)
@@ -118,7 +118,7 @@ def main(argv: list) -> int:
     report = bench.benchmark(
         args.models, list(feed), names=names, providers=providers, threads=_int_list(args.threads, "--threads"),
         runs=args.runs, warmup=args.warmup, opt_level=args.ort_opt, batch=args.batch,
-        metric=load_metric(args.metric) if args.metric else None, progress=_progress_factory(args.quiet),
+        metric=load_metric(args.metric) if args.metric else None, progress=progress_bar(args.quiet),
         memory=not args.no_memory, compression=args.compression,
     )
     report.settings["command"] = "python -m onnxslim_kit bench " + shlex.join(argv)

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from .errors import EXIT_INTERNAL, EXIT_OK, SlimError, UserError
+from .progress import progress_bar
 
 PASS_HELP = """\
 passes run in the order given, comma-separated; options in parentheses:
@@ -114,16 +115,6 @@ def _external_locations(proto) -> set:
     return {ExternalDataInfo(t).location for t in _get_all_tensors(proto) if uses_external_data(t)}
 
 
-def _progress_factory(quiet: bool):
-    from tqdm import tqdm
-
-    def progress(iterable, desc: str = "", total: int | None = None, **_):
-        return tqdm(iterable, desc=desc, total=total, disable=quiet or None, leave=False,
-                    file=sys.stderr, mininterval=0.5)
-
-    return progress
-
-
 def run_optimize(args) -> int:
     from . import optimize
     from .calibration import parse_input_shapes
@@ -140,7 +131,7 @@ def run_optimize(args) -> int:
         model_path, args.passes, calib=args.calib, input_shapes=parse_input_shapes(args.input_shape),
         fixed_inputs=parse_input_values(args.fix_input),
         num_samples=args.num_samples, seed=args.seed, verify=not args.no_verify, strict=args.strict,
-        rtol=args.rtol, verify_samples=args.verify_samples, eval_data=args.eval, progress=_progress_factory(args.quiet), log=log,
+        rtol=args.rtol, verify_samples=args.verify_samples, eval_data=args.eval, progress=progress_bar(args.quiet), log=log,
     )
     for entry in report.passes:
         if (entry.verification or {}).get("status") == "unverified" and (args.strict or not args.quiet):

@@ -5,7 +5,7 @@ A model that takes a mode flag or a configuration value as an input (silero VAD'
 and ONNX Runtime evaluates the condition on every run. With the input fixed, the input becomes
 an initializer of that name, so ``fuse`` folds what depends on it: the ``If`` is inlined, the
 other branch and its weights go. Measured on silero_vad 6.2.3 with ``sr=16000``: 689 → 73
-nodes, 2.2 MB → 1.2 MB, outputs equal (``tests/test_specialize.py`` has the real-model check).
+nodes, 2.2 MB → 1.2 MB, outputs equal (``tests/core/test_specialize.py`` has the real-model check).
 
 The result no longer has that input; the report says so. Values are given as numbers,
 comma-separated for a vector; their element type is the input's, their shape its static shape

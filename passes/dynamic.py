@@ -9,7 +9,7 @@ when ``transB``; ``alpha`` folded into the scale, ``beta·C`` added after)::
 
 ``B_q = round(B / s_B)`` symmetric int8, ``s_B`` per output column (or per tensor). ONNX
 Runtime fuses this exact pattern into DynamicQuantizeMatMul (checked by the tests). The
-rewrite lives in :mod:`._quant_dynamic` (the ``int8`` pass's ``dynamic`` rung uses it too). This
+rewrite lives in :mod:`onnxslim_kit.passes._quant.dynamic` (the ``int8`` pass's ``dynamic`` rung uses it too). This
 pays off on MatMul-heavy models (transformers, RNN-like heads).
 
 Conv only with ``conv=true``: ``ConvInteger`` + Cast + per-channel Mul + bias Add. ONNX
@@ -27,9 +27,9 @@ import numpy as np
 
 from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
 
-from ._graph import attr, const_value, is_onnx_op
-from ._quant_dynamic import dynamic_matmul, integer_op, rescale
-from ._quant_qdq import is_quantized, quantize_weight, weight_scales
+from onnxslim_kit.passes._common.graph import attr, const_value, is_onnx_op
+from onnxslim_kit.passes._quant.dynamic import dynamic_matmul, integer_op, rescale
+from onnxslim_kit.passes._quant.qdq import is_quantized, quantize_weight, weight_scales
 
 
 @register_pass

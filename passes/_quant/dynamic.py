@@ -1,0 +1,69 @@
+"""Dynamic-range int8 MatMul, shared by the ``dynamic`` pass and the ``int8`` fallback ladder.
+
+::
+
+    x ──▶ MatMul(B) (+ C) ──▶ y
+    x ──▶ DynamicQuantizeLinear ──▶ (x_q, s_x, z_x)
+          MatMulInteger(x_q, B_q, z_x, 0) ──▶ Cast(float) ──▶ Mul(s_x · s_B) (──▶ Add(C)) ──▶ y
+
+``B_q = round(B / s_B)`` symmetric int8 (``B`` as [K, N], ``s_B`` per output column or per
+tensor). ONNX Runtime fuses this pattern into DynamicQuantizeMatMul. The activation range is
+the tensor's own min/max at every run (uint8, asymmetric), so no calibration is needed and
+outlier-free inputs keep their full resolution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxslim_kit.passes._common.graph import new_constant
+
+
+def integer_op(model, graph, op: str, x, w_q, w_zero, attrs=None, prefix: str = "dynamic") -> tuple:
+    """``DynamicQuantizeLinear(x)`` and the integer op; returns (int32 output, x scale, quantize node)."""
+    fresh = model.fresh_name
+    x_q = gs.Variable(fresh(f"{prefix}/x_q"), dtype=np.uint8)
+    x_scale = gs.Variable(fresh(f"{prefix}/x_scale"), dtype=np.float32, shape=[])
+    x_zero = gs.Variable(fresh(f"{prefix}/x_zp"), dtype=np.uint8, shape=[])
+    quantize = gs.Node("DynamicQuantizeLinear", name=fresh(f"{prefix}/DynamicQuantizeLinear"), inputs=[x],
+                       outputs=[x_q, x_scale, x_zero])
+    graph.nodes.append(quantize)
+    y = gs.Variable(fresh(f"{prefix}/y_int32"), dtype=np.int32)
+    graph.nodes.append(gs.Node(op, name=fresh(f"{prefix}/{op}"), attrs=attrs or {},
+                               inputs=[x_q, new_constant(model, f"{prefix}/w_q", w_q), x_zero,
+                                       new_constant(model, f"{prefix}/w_zp", w_zero)], outputs=[y]))
+    return y, x_scale, quantize
+
+
+def rescale(model, graph, y, x_scale, w_scale, bias, node, prefix: str = "dynamic") -> None:
+    """``out = float(y) · (s_x · s_w) (+ bias)`` written to ``node``'s output; ``node`` loses it."""
+    fresh = model.fresh_name
+    y_f = gs.Variable(fresh(f"{prefix}/y_float"), dtype=np.float32)
+    scale = gs.Variable(fresh(f"{prefix}/scale"), dtype=np.float32)
+    graph.nodes.append(gs.Node("Cast", name=fresh(f"{prefix}/Cast"), attrs={"to": onnx.TensorProto.FLOAT},
+                               inputs=[y], outputs=[y_f]))
+    graph.nodes.append(gs.Node("Mul", name=fresh(f"{prefix}/Mul"),
+                               inputs=[x_scale, new_constant(model, f"{prefix}/w_scale", w_scale)], outputs=[scale]))
+    out = node.outputs[0]
+    node.outputs.clear()
+    if bias is None:
+        graph.nodes.append(gs.Node("Mul", name=fresh(f"{prefix}/Mul"), inputs=[y_f, scale], outputs=[out]))
+        return
+    scaled = gs.Variable(fresh(f"{prefix}/scaled"), dtype=np.float32)
+    graph.nodes.append(gs.Node("Mul", name=fresh(f"{prefix}/Mul"), inputs=[y_f, scale], outputs=[scaled]))
+    graph.nodes.append(gs.Node("Add", name=fresh(f"{prefix}/Add"),
+                               inputs=[scaled, new_constant(model, f"{prefix}/bias", bias)], outputs=[out]))
+
+
+def dynamic_matmul(model, graph, node, x, w_q, w_scale, bias=None, prefix: str = "dynamic"):
+    """Replace ``node`` (MatMul / Gemm reading ``x``) by the dynamic chain; ``w_q`` [K, N] int8,
+    ``w_scale`` per column or scalar. ``node`` is left without outputs (dead; removed from
+    ``graph.nodes``). Returns the DynamicQuantizeLinear node (the new reader of ``x``)."""
+    zero = np.zeros(np.shape(w_scale), np.int8)
+    y, x_scale, quantize = integer_op(model, graph, "MatMulInteger", x, w_q, zero, prefix=prefix)
+    rescale(model, graph, y, x_scale, np.asarray(w_scale, np.float32), bias, node, prefix=prefix)
+    node.inputs.clear()
+    graph.nodes.remove(node)
+    return quantize

@@ -1,0 +1,452 @@
+"""``cluster`` — weight sharing: k-means on weight values, stored as a codebook + small indices.
+
+Before / after, for a weight ``W`` of a Conv / ConvTranspose / Gemm / MatMul (or the W and R
+of an LSTM / GRU / RNN):
+
+```
+W (float, N values) ──▶ Conv          codebook (k floats), labels (uint8 or 4-bit packed)
+                                        ──▶ Cast ─[unpack]─ Reshape ─ Gather(codebook, ·) ──▶ Conv
+```
+
+``W' = codebook[labels]`` where ``codebook, labels = kmeans(W, k)`` (:mod:`onnxslim_kit.passes.cluster.maths.kmeans`),
+per tensor or per row of ``W`` (``per_channel``: :mod:`onnxslim_kit.passes.cluster.maths.rows`, float16 centroids
+unless exact, GPTQ-assigned with calibration data; the channel axis is the output one:
+0 for Conv, Gemm ``transB=1`` and a left-hand MatMul weight, the last axis for a right-hand
+MatMul / Gemm ``transB=0`` weight, 1 for ConvTranspose — :func:`channel_axis`; or the input
+one where it has fewer slices — :func:`book_axis`). Default per tensor
+with ``channel_scale``: ``W'[c] = s_c · codebook[labels[c]]``, ``s_c`` the RMS of row ``c`` — one
+extra float per row, and necessary after BatchNorm folding, where output channels differ in
+scale by orders of magnitude; rows are output channels as above (measured on the orientation model after ``fuse``: output cosine
+0.35 without scales, 0.99995 with them). Scales are rounded to float16 (stored in 2 bytes) when
+every scale of the weight is a normal float16 number. Weights under 32768 elements that can be
+stacked along the output-channel axis (same graph, dtype, axis and other dims) share one
+codebook (:mod:`onnxslim_kit.passes.cluster.maths.share`), so that the encoder decodes them together: one packed label
+stream per graph, one GatherElements / Reshape / Mul / Split per group
+(:mod:`onnxslim_kit.passes.cluster.stream`; per-channel codebooks: :mod:`onnxslim_kit.passes.cluster.maths.encode`). ORT folds the
+decoder at session creation with optimisations on, so the model runs on plain float weights
+(same latency as unclustered; the folding adds to the session creation time).
+
+Assignment: nearest centroid; or, with calibration data (``data=auto`` and ``--calib`` given,
+or ``data=true``), GPTQ (:mod:`onnxslim_kit.passes.cluster.maths.gptq`) for MatMul / Gemm / Conv (group 1) weights:
+the codebook and scales stay the k-means ones, the labels are chosen column by column so that
+the layer's *output* error on the calibration inputs is small. Also for layers seen on fewer
+rows than inputs (after global pooling, batch-1 dense heads): the damping term keeps the
+unobserved directions in check, and on held-out inputs it still beat nearest assignment
+(measured after ``fuse``, 16 calibration / 16 evaluation inputs of the benchmark suite, worst
+output cosine: ppocrv4_det 0.953 → 0.969, mtcnn_onet 0.950 → 0.992). Generated random data
+does not switch it on — its statistics are not real ones.
+
+Codebook size per layer (``target``, default 0.995; 0: off): with ``target`` the pass checks the
+model's output cosine (vs the model before the pass) on calibration samples — the last 8 held
+out of the statistics when there are at least 16 — and moves the layers that hurt the output
+most, per byte, up a ladder: ``k`` with a codebook per row (``rows``, :mod:`onnxslim_kit.passes.cluster.maths.rows`:
+``k`` float16 centroids for every output channel, or every input channel of a weight that has
+fewer of those), ``k_high`` centroids (256, uint8 indices, float16 codebook), float
+(:mod:`onnxslim_kit.passes.cluster.select`). Weights inside If/Loop bodies are measured too. The chosen level
+per layer is in the notes. PP-OCRv4 rec (CTC over 6625 classes; k = 16 everywhere: output
+cosine 0.84 on held-out lines): session 2 (no per-row step, step-by-step selection) 0.334×
+the original file; now 0.186× at the same target (per-position top-1 agreement 98.6 % on 16
+evaluation lines, every string the same; ``cluster-2026-11-29-s3*.md``). Measured on PP-OCRv4 det (``fuse,cluster(k=16)``, 16
+calibration / 16 other evaluation pages): k = 16 everywhere 0.969 worst output cosine at 0.158×
+the file (session 1); target 0.99: 0.99205 on the held-out calibration pages but 0.98952 on
+the evaluation pages (agreement 97.8 %) at 0.151×; target 0.995 (the default since): 0.99532,
+agreement 98.3 %, at 0.157× (benchmarks/results/cluster-2026-11-29-s2*.md). Eight samples
+judge the target, so it keeps a margin over the 0.99 one asks of unseen data.
+
+Encoding (``encode``): ``packed`` (default) stores codebook + indices as above; ``dense``
+stores the decoded weight as a plain float initializer — for ``cluster,int8``: int8 then sees
+constant weights and the file shrinks through int8 (1 byte per weight), and with
+``grid=tensor|channel`` the values are snapped to int8's own symmetric grid so that int8
+reproduces them exactly (:func:`._cluster_encode.snap_to_int8_grid`). With ``encode=packed``
+a following ``int8`` sees a Gather, not a constant, and leaves those weights float.
+
+Conditions (each failure is a counted reason, never an error):
+
+1. the weight is a float constant (float16/32/64) read by this node alone (a constant shared
+   with other nodes is left alone);
+2. it has at least ``min_size`` elements (default 0: no size limit, condition 3 decides);
+3. the encoding is smaller than the float weights it replaces, decoder nodes and initializer
+   headers included (estimated per weight, per group and per label stream:
+   :func:`._cluster_stream.member_bytes`, ``group_bytes``, ``stream_bytes``). Measured on
+   PP-OCR cls v2 after ``fuse`` (54 weights, 85 of 112 initializers under 1024 elements):
+   with a fixed ``min_size=1024`` and a decoder per weight 530859 → 167343 bytes; every weight
+   that pays, shared codebooks and one decoder per layout: → 114359 bytes.
+
+Exact limit: a weight with at most ``k`` distinct values is stored losslessly (the codebook is
+its distinct values, bit for bit, and no scales). With ``keep_zero`` (default) exact zeros keep an exact 0.0
+centroid, so a pruned model stays pruned. Metrics: serialized model bytes before/after, raw
+and zlib-compressed (what a download or a compressed container costs).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+
+from onnxslim_kit.passes.cluster import stream
+from onnxslim_kit.passes.cluster.maths.encode import Clustered, snap_to_int8_grid
+from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer
+from onnxslim_kit.passes.cluster.maths.kmeans import cluster_weight
+from onnxslim_kit.passes.cluster.maths.rows import row_codebooks
+from onnxslim_kit.passes.cluster.select import FLOAT, ROWS, choose
+from onnxslim_kit.passes.cluster.maths.share import (
+    broadcast_scales,
+    half_codebook,
+    nearest_labels,
+    row_scales,
+    shared_codebook,
+    stack_key,
+)
+from onnxslim_kit.passes._common.graph import const_value, exclusive_constant, is_onnx_op
+from onnxslim_kit.passes._common.layer_stats import collect, match
+
+# op -> input positions that may hold a weight
+WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1),
+                 "LSTM": (1, 2), "GRU": (1, 2), "RNN": (1, 2)}  # recurrent W, R: [directions, gates·H, ·]
+FLOAT_KINDS = (np.float16, np.float32, np.float64)
+TARGET_SAMPLES = 8
+MAX_NOTE_LAYERS = 40
+
+
+def model_bytes(model) -> tuple:
+    """(raw, zlib-compressed) size of the serialized model."""
+    blob = model.to_proto().SerializeToString()
+    return len(blob), len(zlib.compress(blob, 6))
+
+
+def channel_axis(node, index: int, ndim: int) -> int:
+    """The output-channel axis of the weight at input ``index`` of ``node``."""
+    if node.op in ("ConvTranspose", "LSTM", "GRU", "RNN"):
+        return 1  # ConvTranspose [C_in, C_out/g, …]; recurrent W, R [directions, gates·H, ·]
+    if node.op == "Gemm":
+        transposed = node.attrs.get("transA" if index == 0 else "transB", 0)
+        return (1 if transposed else 0) if index == 0 else (0 if transposed else 1)
+    if node.op == "MatMul":
+        return ndim - 1 if index == 1 else max(ndim - 2, 0)
+    return 0
+
+
+def _level_key(level) -> str:
+    return "weights_rows" if level is ROWS else f"weights_k{level}"
+
+
+def _level_name(level, k: int) -> str:
+    return "float" if level is FLOAT else f"k={k} per row" if level is ROWS else f"k={level}"
+
+
+def book_axis(node, index: int, values: np.ndarray, axis: int) -> int:
+    """The axis whose slices get a codebook each (per-row codebooks): the output-channel axis,
+    or the input-channel one of a right-hand MatMul / Gemm / group-1 Conv weight when that has
+    fewer slices (fewer codebooks to store: PP-OCRv4 rec's 120 × 6625 head, 6625 output
+    channels, takes 120 codebooks of 6625 values instead of 6625 of 120)."""
+    if index != 1 or values.ndim < 2 or (node.op == "MatMul" and values.ndim != 2):
+        return axis
+    if node.op == "Conv" and node.attrs.get("group", 1) == 1:
+        other = 1
+    elif node.op == "Gemm":
+        other = 1 if node.attrs.get("transB", 0) else 0
+    elif node.op == "MatMul":
+        other = 0
+    else:
+        return axis
+    return other if values.shape[other] < values.shape[axis] else axis
+
+
+@dataclass(eq=False)
+class Item:
+    """One weight to cluster and its clusterings, one per codebook size."""
+
+    graph: object
+    node: object
+    index: int
+    values: np.ndarray
+    axis: int
+    levels: dict = field(default_factory=dict)
+    scales: np.ndarray | None = None  # (C,) row scales when the codebook is shared
+    share: tuple | None = None  # stack key of the weights that share its codebook
+
+    @property
+    def weight(self):
+        return self.node.inputs[self.index]
+
+    @property
+    def name(self) -> str:
+        return self.weight.name
+
+    def label(self) -> str:
+        return self.node.name or self.node.op
+
+
+@register_pass
+class ClusterPass(Pass):
+    name = "cluster"
+    summary = "k-means weight sharing: float codebook + uint8/4-bit indices, decoded by Gather"
+    lossless = False
+    options = {
+        "k": Option(int, 16, "centroids per tensor (or per channel), 2..256"),
+        "per_channel": Option(bool, False, "one codebook per output channel instead of per tensor"),
+        "min_size": Option(int, 0, "leave weights with fewer elements unclustered (0: decide by bytes alone)"),
+        "keep_zero": Option(bool, True, "keep 0.0 as an exact centroid when the weight has zeros"),
+        "channel_scale": Option(bool, True, "per tensor: one RMS scale per output channel, shared codebook"),
+        "data": Option(str, "auto", "GPTQ assignment with calibration statistics", ("auto", "true", "false")),
+        "target": Option(float, 0.995, "output cosine to hold on calibration data by giving sensitive "
+                                      "layers k_high centroids or float (0: off)"),
+        "k_high": Option(int, 256, "centroids of the layers that need more (uint8 indices)"),
+        "rows": Option(bool, True, "target: per-row codebooks (k each, float16) as the step before k_high"),
+        "encode": Option(str, "packed", "packed: codebook + indices; dense: decoded float weights "
+                                        "(for a following int8)", ("packed", "dense")),
+        "grid": Option(str, "none", "encode=dense: snap to int8's symmetric grid", ("none", "tensor", "channel")),
+    }
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        opts = ctx.options
+        k, k_high = opts["k"], max(opts["k_high"], opts["k"])
+        if not 2 <= k <= 256 or k_high > 256:
+            result.skip(f"k={k}, k_high={k_high} outside 2..256")
+            return result
+        raw_before, zip_before = model_bytes(model)
+        items = self._items(model, opts, result)
+        if not items:
+            return result
+        data_aware = opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True))
+        samples = list(ctx.feed) if data_aware else []
+        check = ctx.feed.take(TARGET_SAMPLES) if opts["target"] else []
+        held_out = bool(opts["target"]) and len(samples) >= 2 * TARGET_SAMPLES
+        if held_out:  # the target is checked on samples the GPTQ statistics did not see
+            samples, check = samples[:-TARGET_SAMPLES], samples[-TARGET_SAMPLES:]
+        layers, stats = self._statistics(model, samples, items) if data_aware else ({}, {})
+        sizes = [k, k_high] if opts["target"] and k_high > k else [k]
+        if opts["target"] and opts["rows"] and not opts["per_channel"]:
+            sizes.insert(1, ROWS)
+        gptq = self._cluster_all(items, sizes, opts, layers, stats, ctx)
+        chosen, measured = [k] * len(items), None
+        if opts["target"]:
+            chosen, measured, trials = self._choose(model, items, check, opts, sizes)
+        kept = []
+        for item, level in zip(items, chosen):
+            if level is FLOAT:
+                result.skip("kept float to hold the output target")
+            else:
+                kept.append((item, item.levels[level]))
+        encoded = self._encode_all(model, kept, result)
+        params = sum(item.values.size for item in encoded)
+        encoded = len(encoded)
+        if not result.modified:
+            return result
+        for graph in model.all_graphs():
+            graph.cleanup(remove_unused_graph_inputs=False)
+        raw_after, zip_after = model_bytes(model)
+        result.metrics.update({
+            "weights_clustered": encoded, "params_clustered": params,
+            "bytes_before": raw_before, "bytes_after": raw_after,
+            "zlib_bytes_before": zip_before, "zlib_bytes_after": zip_after,
+            "size_ratio": round(raw_after / raw_before, 4),
+            "zlib_size_ratio": round(zip_after / zip_before, 4),
+            "weights_assigned_by_gptq": gptq,
+        })
+        for size in sizes:
+            result.metrics[_level_key(size)] = sum(level == size for level in chosen)
+        result.metrics["weights_float_for_target"] = sum(level is FLOAT for level in chosen)
+        mode = ('per channel' if opts['per_channel'] else 'per tensor') + (
+            ' + row scales' if opts['channel_scale'] and not opts['per_channel'] else '')
+        result.notes.append(
+            f"k={k} {mode}; "
+            f"{'data-aware: ' + str(gptq) + ' clusterings assigned by GPTQ' if data_aware else 'nearest-centroid assignment'}"
+            f"; encode={opts['encode']}: file {raw_before} → {raw_after} "
+            f"bytes ({raw_after / raw_before:.3f}×), zlib {zip_before} → {zip_after} ({zip_after / zip_before:.3f}×)")
+        if measured is not None:
+            result.metrics["target_cosine_measured"] = round(measured, 6)
+            counts = ", ".join(f"{result.metrics.get(_level_key(s), 0)} at {_level_name(s, k)}" for s in sizes)
+            result.notes.append(
+                f"target output cosine ≥ {opts['target']}: measured {measured:.5f} on {len(check)} calibration "
+                f"samples{' (held out)' if held_out else ''} "
+                f"({trials.evaluations} trials); {counts}, {result.metrics['weights_float_for_target']} float")
+            lines = [f"{it.label()} {it.values.shape}: {_level_name(lv, k)}" for it, lv in zip(items, chosen)]
+            result.notes.extend(lines[:MAX_NOTE_LAYERS])
+            if len(lines) > MAX_NOTE_LAYERS:
+                result.notes.append(f"… {len(lines) - MAX_NOTE_LAYERS} more layers")
+        return result
+
+    def _items(self, model, opts, result) -> list:
+        items = []
+        for graph in model.all_graphs():
+            for node in graph.nodes:
+                if not is_onnx_op(node, *WEIGHT_INPUTS):
+                    continue
+                for index in WEIGHT_INPUTS[node.op]:
+                    if index >= len(node.inputs):
+                        continue
+                    reason = self._check(node, index, opts)
+                    if reason:
+                        if reason != "not a constant":  # activations are not weights: nothing to report
+                            result.skip(reason)
+                        continue
+                    values = const_value(node.inputs[index])
+                    items.append(Item(graph, node, index, values, channel_axis(node, index, values.ndim)))
+        return items
+
+    @staticmethod
+    def _cluster_all(items: list, sizes: list, opts, layers, stats, ctx) -> int:
+        """Fill ``item.levels[level]`` for every level; returns how many clusterings GPTQ assigned."""
+        scaled = opts["channel_scale"] and not opts["per_channel"]
+        groups = {}
+        for item in items:
+            if scaled and item.values.ndim >= 2:
+                item.scales = row_scales(item.values, item.axis)
+                item.share = stack_key(item.graph, item.values, item.axis, item)
+                groups.setdefault(item.share, []).append(item)
+        gptq = 0
+        for level in sizes:
+            books = {}
+            for key, members in (groups.items() if level is not ROWS else ()):
+                parts = [(m.values, m.scales, m.axis) for m in members if np.unique(m.values).size > level]
+                if parts:  # assigned against the stored (rounded) centroids: decoding is exact
+                    books[key] = half_codebook(shared_codebook(parts, level, opts["keep_zero"]), stream.NODE_BYTES)
+            for item in ctx.progress(items, desc=f"cluster {_level_name(level, opts['k'])}", total=len(items)):
+                item.levels[level], used = ClusterPass._cluster(item, level, books, opts, layers, stats)
+                gptq += used
+        return gptq
+
+    @staticmethod
+    def _cluster(item: Item, level, books: dict, opts, layers, stats) -> tuple:
+        """``(Clustered, 1 if GPTQ assigned it else 0)``: a shared codebook (``books`` by stack
+        key) and the item's row scales, a codebook per row (``per_channel`` or the ``ROWS``
+        level), or a codebook of its own (exact limit, 1-D weights)."""
+        values = item.values
+        k = opts["k"] if level is ROWS else level
+        per_row = (opts["per_channel"] or level is ROWS) and values.ndim >= 2
+        layer = layers.get(id(item.node)) if item.index == 1 else None
+        entry = stats.get(id(item.node))
+        gptq = layer is not None and entry.gram_rows > 0
+        exact = np.unique(values).size <= k
+        if per_row:
+            axis = book_axis(item.node, item.index, values, item.axis)
+            codebook, labels, exact_rows = row_codebooks(values, axis, k, opts["keep_zero"])
+            gptq = gptq and not exact_rows
+            if gptq:
+                labels = cluster_layer(layer, entry.normalized_gram, codebook, None, opts["keep_zero"],
+                                       per_input=axis != item.axis)
+            clustered = Clustered(codebook, labels, None, True, axis,
+                                  dtype=values.dtype if codebook.dtype != values.dtype else None)
+        elif item.share is not None and not exact:
+            codebook = books[item.share]
+            if gptq:
+                labels = cluster_layer(layer, entry.normalized_gram, codebook, item.scales, opts["keep_zero"])
+            else:
+                labels = nearest_labels(values, item.scales, item.axis, codebook, opts["keep_zero"])
+            scales = broadcast_scales(item.scales, values.ndim, item.axis)
+            clustered = Clustered(codebook, labels, scales, False, item.axis, share=item.share,
+                                  dtype=values.dtype if codebook.dtype != values.dtype else None)
+        else:
+            codebook, labels, scales = cluster_weight(values, k, opts["keep_zero"],
+                                                      channel_scale=opts["channel_scale"], axis=item.axis)
+            gptq = gptq and not exact and scales is None
+            if gptq:
+                labels = cluster_layer(layer, entry.normalized_gram, codebook, None, opts["keep_zero"])
+            clustered = Clustered(codebook, labels, scales, False, item.axis)
+        if opts["encode"] == "dense":
+            dense = clustered.decoded()
+            if opts["grid"] != "none":
+                dense = snap_to_int8_grid(dense, item.axis if opts["grid"] == "channel" else None)
+            clustered.dense = dense
+        return clustered, int(bool(gptq))
+
+    @staticmethod
+    def _choose(model, items, check, opts, levels) -> tuple:
+        """Levels per item holding the target (items whose initializer name is not unique in
+        the model keep the first level: they could not be fed apart)."""
+        objects = {}
+        for graph in model.all_graphs():
+            for tensor in graph.tensors().values():
+                objects.setdefault(tensor.name, set()).add(id(tensor))
+        main = [i for i, it in enumerate(items) if len(objects.get(it.name, ())) == 1]
+        chosen = [levels[0]] * len(items)
+        if not main or not check:
+            return chosen, None, None
+        picked, measured, trials = choose(model.to_proto(), [items[i] for i in main], check, opts["target"], levels)
+        for i, level in zip(main, picked):
+            chosen[i] = level
+        return chosen, measured, trials
+
+    @staticmethod
+    def _encode_all(model, kept: list, result) -> list:
+        """Encode ``(item, Clustered)`` pairs; returns the items encoded. Per tensor: groups of
+        weights sharing a codebook (one group per weight otherwise), decoded together
+        (:mod:`onnxslim_kit.passes.cluster.stream`), each weight and each group only where it saves bytes."""
+        done = []
+        groups = {}
+        for item, clustered in kept:
+            if clustered.dense is not None:
+                node = item.node
+                node.inputs[item.index] = gs.Constant(model.fresh_name("cluster/dense"),
+                                                      np.ascontiguousarray(clustered.dense))
+                result.rewrite(f"{node.op} weight → clustered float (k={clustered.k}, dense)")
+                done.append(item)
+                continue
+            key = (id(item.graph), clustered.share, id(clustered.codebook)) if clustered.share else id(clustered)
+            groups.setdefault(key, []).append((item, clustered))
+        by_graph = {}
+        for pairs in groups.values():
+            half = stream.half_scales([c for _, c in pairs])
+            paying = [(i, c) for i, c in pairs if stream.member_bytes(c, half) < stream.float_bytes(i.values)]
+            cost = (stream.group_bytes([c for _, c in paying], half) + sum(stream.member_bytes(c, half) for _, c in paying)
+                    if paying else 0)
+            if not paying or cost >= sum(stream.float_bytes(i.values) for i, _ in paying):
+                paying = []
+            for _ in range(len(pairs) - len(paying)):
+                result.skip("encoding not smaller than the float weight")
+            if paying:
+                saved = sum(stream.float_bytes(i.values) for i, _ in paying) - cost
+                by_graph.setdefault(id(paying[0][0].graph), []).append((paying, saved))
+        for key, entries in list(by_graph.items()):
+            groups = [[c for _, c in pairs] for pairs, _ in entries]
+            if sum(saved for _, saved in entries) <= stream.stream_bytes(groups):  # the unpacking would not pay
+                for pairs, _ in entries:
+                    for _ in pairs:
+                        result.skip("encoding not smaller than the float weight")
+                del by_graph[key]
+            else:
+                by_graph[key] = [pairs for pairs, _ in entries]
+        for graph_groups in by_graph.values():
+            graph = graph_groups[0][0][0].graph
+            outputs = stream.encode(model, graph, [[c for _, c in pairs] for pairs in graph_groups])
+            for pairs, tensors in zip(graph_groups, outputs):
+                for (item, clustered), tensor in zip(pairs, tensors):
+                    item.node.inputs[item.index] = tensor
+                    bits = "4-bit" if clustered.k <= 16 else "uint8"
+                    books = "codebooks per row" if clustered.per_channel else "codebook"
+                    result.rewrite(f"{item.node.op} weight → {books} + {bits} indices")
+                    done.append(item)
+        return done
+
+    @staticmethod
+    def _statistics(model, samples, items) -> tuple:
+        """Layers (``Y = X W`` with W at input 1) and their input Gram matrices."""
+        layers = {}
+        for item in items:
+            found = match(item.node, item.graph, model.graph) if item.index == 1 else None
+            if found is not None and not isinstance(found, str) and found.kind != "batched":
+                layers[id(item.node)] = found
+        if not layers or not samples:
+            return {}, {}
+        stats = collect(model.to_proto(), list(layers.values()), samples, want_gram=True)
+        return layers, stats
+
+    @staticmethod
+    def _check(node, index, opts) -> str | None:
+        weight = node.inputs[index]
+        if not isinstance(weight, gs.Constant):
+            return "not a constant"
+        if const_value(weight).dtype not in FLOAT_KINDS:
+            return "weight is not float"
+        if not exclusive_constant(weight, node):
+            return "shared weight"
+        if const_value(weight).size < opts["min_size"]:
+            return "smaller than min_size"
+        return None

@@ -1,0 +1,2 @@
+"""Numpy-only maths of ``cluster``: k-means, shared codebooks, label packing, GPTQ-style
+assignment (no onnx, no onnx-graphsurgeon, no ONNX Runtime)."""

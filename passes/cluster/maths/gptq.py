@@ -1,0 +1,95 @@
+"""Data-aware codebook assignment: GPTQ (Frantar et al., 2022) with a k-means codebook.
+
+A layer computes ``Y = X Mᵀ`` with ``M`` = ``n_out × k_in`` (a Conv's weight as
+``[n, C·kh·kw]`` over im2col rows, a MatMul weight transposed). Rounding each weight to its
+nearest centroid minimises ``‖M − M'‖``; what matters is the output error
+``‖X (M − M')ᵀ‖² = Σ_rows (m − m') H (m − m')ᵀ`` with ``H = XᵀX / rows``. GPTQ assigns the
+columns in order and, after column ``i``, spreads its rounding error over the columns not yet
+assigned so that the output error they can still cancel is cancelled:
+
+```
+H ← H + λ I   (λ = 0.01 · mean diag H);   U = chol(H⁻¹)ᵀ  (upper)
+for i = 0 … k_in − 1:
+    q_i   = s ⊙ codebook[nearest(M[:, i] / s)]          (s: per-row scales, 1 without them)
+    e     = (M[:, i] − q_i) / U[i, i]
+    M[:, i+1:] −= e ⊗ U[i, i+1:]
+```
+
+The codebook and scales are fixed beforehand (weighted k-means of the normalised rows,
+shared by the weights of one layout: :mod:`onnxslim_kit.passes.cluster.maths.share`; or one codebook per row,
+:mod:`onnxslim_kit.passes.cluster.maths.rows`, then ``q_i[r] = books[r, nearest(books[r], M[r, i])]``); only the
+assignment changes. Positions that were exactly zero stay
+zero (``keep_zero``: a pruned weight stays pruned; their error is still compensated).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.linalg import cho_factor, cho_solve, cholesky
+
+from onnxslim_kit.passes.cluster.maths.kmeans import nearest
+from onnxslim_kit.passes.cluster.maths.rows import zero_labels
+
+DAMPING = 0.01
+
+
+def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray,
+                zero_mask: np.ndarray | None = None, columns: np.ndarray | None = None) -> np.ndarray:
+    """Labels (``n_out × k_in``) of ``matrix`` into ``scales[:, None] · codebook[labels]``, or,
+    for a 2-D ``codebook`` (``scales`` ones), into ``codebook[r, labels[r, ·]]`` (one row of
+    centroids per output channel) or, with ``columns``, ``codebook[columns[i], labels[·, i]]``
+    (column ``i`` of ``matrix`` reads codebook row ``columns[i]``: one per input channel)."""
+    w = np.array(matrix, dtype=np.float64)
+    h = np.array(gram, dtype=np.float64)
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    h += DAMPING * float(np.mean(np.diag(h))) * np.eye(len(h))
+    upper = cholesky(cho_solve(cho_factor(h), np.eye(len(h))), lower=False)
+    book = np.asarray(codebook, dtype=np.float64)
+    s = np.asarray(scales, dtype=np.float64).ravel()
+    rows = np.arange(len(w))
+    if book.ndim == 2:  # per row: -1 where the row has no 0.0 centroid
+        zero_label = zero_labels(book) if zero_mask is not None else None
+        if columns is not None:  # books per input channel: each column is a tensor-like step
+            book, zero_label = book[columns], None if zero_label is None else zero_label[columns]
+    else:
+        zero_label = int(np.flatnonzero(book == 0)[0]) if zero_mask is not None and np.any(book == 0) else None
+    labels = np.empty(w.shape, np.int64)
+    for i in range(w.shape[1]):
+        if book.ndim == 2 and columns is not None:
+            lab = np.abs(w[:, i, None] - book[i][None, :]).argmin(axis=1)
+            if zero_label is not None and zero_label[i] >= 0:
+                lab[zero_mask[:, i]] = zero_label[i]
+            q = book[i][lab]
+        elif book.ndim == 2:
+            lab = np.abs(w[:, i, None] - book).argmin(axis=1)
+            if zero_label is not None:
+                fix = zero_mask[:, i] & (zero_label >= 0)
+                lab[fix] = zero_label[fix]
+            q = book[rows, lab]
+        else:
+            lab = nearest(book, w[:, i] / s)
+            if zero_label is not None:
+                lab[zero_mask[:, i]] = zero_label
+            q = s * book[lab]
+        labels[:, i] = lab
+        err = (w[:, i] - q) / upper[i, i]
+        w[:, i + 1:] -= np.outer(err, upper[i, i + 1:])
+    return labels
+
+
+def cluster_layer(layer, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray | None,
+                  keep_zero: bool, per_input: bool = False) -> np.ndarray:
+    """Labels, in the layout of the stored weight of ``layer`` (a :class:`._svd_stats.Layer`),
+    of ``M = layer.matrixᵀ`` into the given (sorted) ``codebook`` and per-output-channel
+    ``scales`` (``(n_out,)``, None for none), or into per-row codebooks (``n_out × k``; with
+    ``per_input`` one per input channel, ``C_in × k``), assigned by :func:`gptq_assign`."""
+    stored = np.asarray(layer.node.inputs[1].values)
+    m = layer.matrix.T  # n_out × k_in
+    row_scales = np.ones(len(m)) if scales is None else np.asarray(scales).ravel()
+    columns = np.arange(m.shape[1]) // (m.shape[1] // len(codebook)) if per_input else None  # conv: C·kh·kw
+    labels = gptq_assign(m, gram, codebook, row_scales, (m == 0) if keep_zero else None, columns)
+    if layer.kind == "conv" or (layer.kind == "gemm" and layer.node.attrs.get("transB", 0)):
+        return labels.reshape(stored.shape)  # stored rows are the output channels
+    return labels.T.copy()

@@ -1,0 +1,125 @@
+"""One-dimensional k-means for weight clustering (the numerics behind the ``cluster`` pass).
+
+Given the values ``v`` of a weight (or of one output channel) and a number of centroids ``k``:
+
+1. **Exact limit.** If ``v`` has at most ``k`` distinct values, the codebook is those values
+   (bit-for-bit, in ``v``'s dtype) and every index decodes to exactly the original value.
+2. **Zero kept.** With ``keep_zero`` and at least one exact zero in ``v``, centroid 0.0 is
+   reserved: zeros map to it (so pruned weights stay exactly zero) and the non-zero values
+   are clustered with the remaining ``k − 1`` centroids. The codebook is returned sorted
+   (:func:`nearest` relies on it).
+3. **Lloyd in 1-D.** Minimise Σ (v_i − c_{a(i)})². Initialisation: k-means++ on a seeded
+   sample (deterministic for a given ``seed``). With ``s`` = sorted values and prefix sums
+   ``S``, each Lloyd step is exact and cheap: the nearest-centroid cells are the intervals
+   between midpoints ``(c_j + c_{j+1}) / 2``, found by ``searchsorted``; a cell's new
+   centroid is ``(S[hi] − S[lo]) / (hi − lo)``; an empty cell keeps its centroid. Stop when
+   the cell boundaries no longer move (or after ``max_iter`` steps).
+
+Returns ``(codebook, labels)``: ``codebook[labels]`` is the clustered weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INIT_SAMPLE = 20_000
+
+
+def kmeans_1d(values, k: int, keep_zero: bool = True, seed: int = 0, max_iter: int = 100, weights=None) -> tuple:
+    """Cluster the 1-D array ``values`` into at most ``k`` centroids: ``(codebook, labels)``;
+    ``weights`` (same size, positive) weight each value's squared error."""
+    values = np.asarray(values).ravel()
+    weights = np.ones(values.size) if weights is None else np.asarray(weights, np.float64).ravel()
+    distinct = np.unique(values)
+    if distinct.size <= k:
+        return distinct.copy(), np.searchsorted(distinct, values).astype(np.int64)
+    zero = values == 0
+    if keep_zero and zero.any():
+        nonzero = ~zero
+        centroids, inner = kmeans_1d(values[nonzero], k - 1, False, seed, max_iter, weights[nonzero])
+        codebook = np.concatenate([np.zeros(1, values.dtype), centroids])
+        labels = np.zeros(values.size, np.int64)
+        labels[nonzero] = inner + 1
+        order = np.argsort(codebook, kind="stable")  # sorted, as nearest() needs
+        return codebook[order], np.argsort(order)[labels]
+    data = values.astype(np.float64)
+    order = np.argsort(data, kind="stable")
+    ordered = data[order]
+    centroids = np.sort(_kmeans_pp(ordered, k, np.random.default_rng(seed)))
+    centroids = _lloyd(ordered, weights[order], centroids, max_iter)
+    codebook = centroids.astype(values.dtype)
+    return codebook, nearest(codebook.astype(np.float64), data)
+
+
+def nearest(sorted_centroids: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Index of the nearest centroid (centroids sorted ascending)."""
+    bounds = (sorted_centroids[:-1] + sorted_centroids[1:]) / 2
+    return np.searchsorted(bounds, data).astype(np.int64)
+
+
+def _kmeans_pp(ordered: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding on a seeded sample of at most INIT_SAMPLE values."""
+    sample = ordered if ordered.size <= INIT_SAMPLE else rng.choice(ordered, INIT_SAMPLE, replace=False)
+    chosen = [sample[rng.integers(sample.size)]]
+    dist = (sample - chosen[0]) ** 2
+    for _ in range(1, k):
+        total = dist.sum()
+        if total <= 0:  # fewer distinct values in the sample than k: spread the rest evenly
+            break
+        pick = sample[rng.choice(sample.size, p=dist / total)]
+        chosen.append(pick)
+        dist = np.minimum(dist, (sample - pick) ** 2)
+    if len(chosen) < k:
+        chosen.extend(np.quantile(ordered, np.linspace(0, 1, k - len(chosen))))
+    return np.array(chosen)
+
+
+def _lloyd(ordered: np.ndarray, weights: np.ndarray, centroids: np.ndarray, max_iter: int) -> np.ndarray:
+    prefix = np.concatenate([[0.0], np.cumsum(weights * ordered)])
+    mass = np.concatenate([[0.0], np.cumsum(weights)])
+    edges = None
+    for _ in range(max_iter):
+        cuts = np.searchsorted(ordered, (centroids[:-1] + centroids[1:]) / 2)
+        new_edges = np.concatenate([[0], cuts, [ordered.size]])
+        if edges is not None and np.array_equal(new_edges, edges):
+            break
+        edges = new_edges
+        counts = mass[edges[1:]] - mass[edges[:-1]]
+        sums = prefix[edges[1:]] - prefix[edges[:-1]]
+        filled = counts > 0  # empty (or zero-weight) cells keep their centroid
+        centroids = centroids.copy()
+        centroids[filled] = sums[filled] / counts[filled]
+        centroids = np.sort(centroids)
+    return centroids
+
+
+def cluster_weight(weight: np.ndarray, k: int, keep_zero: bool = True, seed: int = 0,
+                   channel_scale: bool = False, axis: int = 0):
+    """``(codebook, labels, scales)`` for a whole weight, one codebook (``scales``: None unless
+    used, else shaped to broadcast against the weight: ``C`` along ``axis``, 1 elsewhere;
+    per-row codebooks: :mod:`onnxslim_kit.passes.cluster.maths.rows`).
+
+    ``axis`` is the output-channel axis of the weight (0 for Conv and Gemm ``transB=1``, the
+    last one for a MatMul / Gemm ``transB=0`` right-hand weight); a "row" below is one slice
+    ``W[…, c, …]`` along it.
+
+    * ``codebook`` ``(k',)``, ``labels`` of the weight's shape, ``W' = codebook[labels]``;
+    * channel scales (one scale per row): rows are normalised by their RMS ``s_c``, the
+      normalised values clustered with weights ``s_c²`` (so the objective is still the squared
+      error of ``W``), ``W'[c] = s_c · codebook[labels[c]]``. Skipped when the weight has at
+      most ``k`` distinct values (the exact codebook needs no scales).
+    """
+    if weight.ndim >= 2 and axis % weight.ndim != 0:
+        codebook, labels, scales = cluster_weight(np.moveaxis(weight, axis, 0), k, keep_zero, seed, channel_scale)
+        return codebook, np.moveaxis(labels, 0, axis), None if scales is None else np.moveaxis(scales, 0, axis)
+    rows = weight.reshape(weight.shape[0], -1) if weight.ndim >= 2 else None
+    if channel_scale and rows is not None and np.unique(weight).size > k:
+        scales = np.sqrt(np.mean(rows.astype(np.float64) ** 2, axis=1))
+        scales[scales == 0] = 1.0
+        scales = scales.astype(weight.dtype)
+        normalised = rows / scales[:, None]
+        weights = np.repeat(scales.astype(np.float64) ** 2, rows.shape[1])
+        codebook, labels = kmeans_1d(normalised, k, keep_zero, seed, weights=weights)
+        return codebook, labels.reshape(weight.shape), scales.reshape((-1,) + (1,) * (weight.ndim - 1))
+    codebook, labels = kmeans_1d(weight, k, keep_zero, seed)
+    return codebook, labels.reshape(weight.shape), None

@@ -1,0 +1,68 @@
+"""``fuse`` — lossless graph simplification, repeated until nothing changes.
+
+Rewrites (each in its own module, each counted in the report under its label):
+
+* :mod:`onnxslim_kit.passes.fuse.fold_bn` — BatchNormalization folded into a preceding Conv / ConvTranspose / Gemm /
+  MatMul (also across a bias Add), or replaced by one Mul + Add when nothing precedes it;
+* :mod:`onnxslim_kit.passes.fuse.fold_affine` — constant Mul / Add / Sub / Div folded into Conv and Gemm weights and
+  bias; MatMul + Add → Gemm where valid;
+* :mod:`onnxslim_kit.passes.fuse.cleanup` — Identity, inference Dropout and no-op Reshape / Transpose / Cast / Pad /
+  Slice removed; Transpose∘Transpose and Reshape∘Reshape merged;
+* :mod:`onnxslim_kit.passes.fuse.const_fold` — constant folding (size-capped), duplicate constants and common
+  subexpressions merged;
+* with ``activations`` (on by default), activations rewritten as the ops ONNX Runtime's CPU
+  provider runs fastest: :mod:`onnxslim_kit.passes.fuse.prelu` — ``PRelu`` with a constant slope as ``LeakyRelu``,
+  ``Mul`` + ``Max`` or ``Relu`` + ``Min``·``Mul`` + ``Add``, the same numbers (ORT's ``PRelu``
+  kernel is 5–14× slower than those); :mod:`onnxslim_kit.passes.fuse.hardswish` — ``x·relu6(x + 3)/6`` chains as
+  ``HardSwish`` (or ``x · HardSigmoid``), ``relu6(x + 3)/6`` as ``HardSigmoid``.
+
+Every rule is applied to the main graph and to every If / Loop / Scan body. Dead code goes
+with the pipeline's ``commit()``. The rewrite modules expose ``RULES``: a list of
+``(label, function)`` where ``function(graph, model, result) -> int`` applies the rule once
+over ``graph`` and returns how many rewrites it made (reasons for not applying go to
+``result.skip``).
+"""
+
+from __future__ import annotations
+
+from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+
+from onnxslim_kit.passes.fuse import cleanup as _cleanup
+from onnxslim_kit.passes.fuse import const_fold as _const_fold
+from onnxslim_kit.passes.fuse import fold_affine as _fold_affine
+from onnxslim_kit.passes.fuse import fold_bn as _fold_bn
+from onnxslim_kit.passes.fuse import hardswish as _hardswish
+from onnxslim_kit.passes.fuse import prelu as _prelu
+
+MAX_ROUNDS = 20
+
+
+@register_pass
+class FusePass(Pass):
+    name = "fuse"
+    summary = "fold BN/affine ops into Conv/Gemm, MatMul+Add→Gemm, drop no-ops, fold constants, CSE"
+    lossless = True
+    options = {
+        "fold_size_limit": Option(int, 1 << 24, "largest constant (bytes) constant folding may create"),
+        "cse": Option(bool, True, "merge duplicate constants and common subexpressions"),
+        "activations": Option(bool, True, "rewrite PRelu (constant slope) as LeakyRelu / Mul+Max / Relu+Min·Mul+Add "
+                              "and x·relu6(x+3)/6 chains as HardSwish / HardSigmoid: ops ONNX Runtime runs faster"),
+    }
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        rules = _fold_bn.RULES + _fold_affine.RULES + _cleanup.RULES + (
+            _prelu.RULES + _hardswish.RULES if ctx.options["activations"] else [])
+        const_rules = _const_fold.rules(ctx.options["fold_size_limit"], ctx.options["cse"])
+        for _ in range(MAX_ROUNDS):
+            changed = 0
+            for graph in list(model.all_graphs()):
+                for label, rule in const_rules + rules:
+                    count = rule(graph, model, result)
+                    if count:
+                        result.rewrite(label, count)
+                        changed += count
+                        graph.cleanup(remove_unused_graph_inputs=False)
+            if not changed:
+                break
+        return result

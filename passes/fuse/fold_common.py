@@ -1,0 +1,316 @@
+"""What the BN and affine folds share: finding the layer an affine map folds into, and
+rewriting that layer's weight and bias.
+
+A *target* is a node whose output channel ``c`` is a linear function of its input with its
+own weight slice and bias entry, so that ``y[:, c, ...] · s[c] + t[c]`` is the same node with
+scaled weights and bias ``b·s + t``:
+
+=============  ===============================  ===============  ==========================
+op             weight layout                    output channels  channel axis of the output
+=============  ===============================  ===============  ==========================
+Conv           W [C_out, C_in/g, k…]            W.shape[0]       1 (output rank = W.ndim)
+ConvTranspose  W [C_in, C_out/g, k…]            W.shape[1]·g     1 (output rank = W.ndim)
+Gemm           B [K, N], or [N, K] with transB  N                1 (output is 2-D)
+MatMul         W [K, N] (second input)          N                last; = 1 only for 2-D
+=============  ===============================  ===============  ==========================
+
+ConvTranspose with groups: output channel ``o = gi·(C_out/g) + j`` reads
+``W[gi·C_in/g : (gi+1)·C_in/g, j, …]``, so the scale is applied to the view
+``W.reshape(g, C_in/g, C_out/g, k…)`` along its third axis.
+
+Gemm: ``Y = α·A'·B' + β·C``. Scaling column ``n`` by ``s[n]`` and adding ``t[n]`` gives
+``B' ← B'·s`` (columns of B, rows of Bᵀ) and ``C ← β·C·s + t`` with ``β ← 1``; α is unchanged.
+A MatMul target is rewritten into such a Gemm (input known to be 2-D).
+
+All arithmetic is done in float64 and cast back to the dtype of the tensor it replaces. Arrays
+held by constants are never modified in place: a constant read only by the target gets a new
+array; a bias read by other nodes too is copied into a new constant; a weight read by other
+nodes is *not* copied (that would double the weight): the caller skips with "shared weight".
+
+Helpers here never raise for "does not apply": they return a reason string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxslim_kit.passes._common.graph import as_array, attr, const_value, is_onnx_op, new_constant, only_consumer, producer
+
+TARGET_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+FLOAT_KINDS = "f"
+
+
+def is_op(node, *ops: str) -> bool:
+    """``node`` exists and is an ai.onnx op among ``ops``."""
+    return node is not None and is_onnx_op(node, *ops)
+
+
+def read_only_by(tensor, node) -> bool:
+    return all(user is node for user in tensor.outputs)
+
+
+def local_producer(tensor, node_ids: set):
+    """The node of this graph that produces ``tensor`` (None for inputs, constants, outer scope)."""
+    node = producer(tensor)
+    return node if node is not None and id(node) in node_ids else None
+
+
+def sole_reader(tensor, graph: gs.Graph, node) -> bool:
+    """``node`` is the only reader of ``tensor``, which is not a graph output."""
+    return only_consumer(tensor, graph) is node
+
+
+def split_constant(node) -> tuple:
+    """For a binary node: (constant value, its input index, the other input) or (None, None, None)."""
+    if len(node.inputs) != 2:
+        return None, None, None
+    for index in (1, 0):
+        value = const_value(node.inputs[index])
+        if value is not None and const_value(node.inputs[1 - index]) is None:
+            return value, index, node.inputs[1 - index]
+    return None, None, None
+
+
+def per_channel(values: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """``values`` as a float64 vector of length ``channels`` if, broadcast against an output of
+    ``rank`` with channels on axis 1, it varies only along that axis and keeps the output's
+    shape (a scalar, [C], [C,1,1], [1,C,1,1], …); None otherwise."""
+    values = np.asarray(values)
+    if values.ndim > rank or rank < 2:
+        return None
+    shape = (1,) * (rank - values.ndim) + values.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(values.reshape(-1).astype(np.float64), (channels,)).copy()
+
+
+# --- rank of a tensor without shape inference ----------------------------------------------
+
+_SAME_RANK = {
+    "Abs", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Celu", "Clip", "Dropout", "Elu",
+    "Erf", "Exp", "Floor", "Gelu", "GlobalAveragePool", "GlobalMaxPool", "HardSigmoid",
+    "HardSwish", "Identity", "InstanceNormalization", "LayerNormalization", "LeakyRelu", "Log",
+    "LogSoftmax", "LpNormalization", "LRN", "MaxPool", "Mish", "Neg", "PRelu", "Reciprocal",
+    "Relu", "Round", "Selu", "Sigmoid", "Sign", "Softmax", "Softplus", "Softsign", "Sqrt", "Tanh",
+    "ThresholdedRelu", "Transpose",
+}
+_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where"}
+
+
+def rank_of(tensor, depth: int = 32) -> int | None:
+    """The rank of ``tensor``: from its recorded shape, else worked out from its producers
+    (exporters such as paddle2onnx record no intermediate shapes). None when unknown."""
+    if tensor.shape is not None:
+        return len(tensor.shape)
+    value = const_value(tensor)
+    if value is not None:
+        return value.ndim
+    node = producer(tensor)
+    if node is None or depth <= 0 or not is_onnx_op(node, node.op):
+        return None
+    op = node.op
+    if op in ("Flatten", "Gemm"):
+        return 2
+    if op in ("Conv", "ConvTranspose") and len(node.inputs) > 1:
+        weight = const_value(node.inputs[1])
+        return weight.ndim if weight is not None else rank_of(node.inputs[0], depth - 1)
+    if op == "Reshape" and len(node.inputs) > 1:
+        shape = const_value(node.inputs[1])
+        return int(shape.size) if shape is not None else None
+    if op in _SAME_RANK and node.inputs and node.outputs and node.outputs[0] is tensor:
+        return rank_of(node.inputs[0], depth - 1)
+    if op in _BROADCAST:
+        ranks = [rank_of(t, depth - 1) for t in node.inputs]
+        return max(ranks) if ranks and None not in ranks else None
+    if op == "MatMul" and len(node.inputs) == 2:
+        a, b = (rank_of(t, depth - 1) for t in node.inputs)
+        if a is None or b is None:
+            return None
+        if a == 1 or b == 1:
+            return max(a, b) - 1
+        return max(a, b)
+    return None
+
+
+# --- targets -------------------------------------------------------------------------------
+
+@dataclass
+class Target:
+    """A layer an affine map on its output channels folds into."""
+
+    node: gs.Node
+    weight: np.ndarray
+    channels: int
+    rank: int  # rank of the output
+
+    @property
+    def op(self) -> str:
+        return self.node.op
+
+    @property
+    def weight_tensor(self):
+        return self.node.inputs[1]
+
+    @property
+    def bias_tensor(self):
+        inputs = self.node.inputs
+        return inputs[2] if len(inputs) > 2 and inputs[2].name != "" else None
+
+    def weight_shared(self) -> bool:
+        return not read_only_by(self.weight_tensor, self.node)
+
+
+def match_target(node) -> Target | str:
+    """``node`` as a fold target, or the reason it is not one."""
+    if len(node.inputs) < 2:
+        return "no weight"
+    weight = const_value(node.inputs[1])
+    if weight is None or const_value(node.inputs[0]) is not None:
+        return "weight not constant"
+    if weight.dtype.kind not in FLOAT_KINDS:
+        return "weight not float"
+    bias_tensor = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name != "" else None
+    if bias_tensor is not None and const_value(bias_tensor) is None:
+        return "bias not constant"
+    op = node.op
+    if op == "Conv":
+        if weight.ndim < 3:
+            return "bad weight shape"
+        return Target(node, weight, weight.shape[0], weight.ndim)
+    if op == "ConvTranspose":
+        group = int(attr(node, "group", 1))
+        if weight.ndim < 3 or weight.shape[0] % group:
+            return "bad weight shape"
+        return Target(node, weight, weight.shape[1] * group, weight.ndim)
+    if op == "Gemm":
+        if weight.ndim != 2:
+            return "bad weight shape"
+        return Target(node, weight, weight.shape[0 if attr(node, "transB", 0) else 1], 2)
+    if op == "MatMul":
+        if weight.ndim != 2:
+            return "matmul weight not 2-D"
+        rank = rank_of(node.inputs[0])
+        if rank is None:
+            return "matmul input rank unknown"
+        if rank != 2:
+            return "matmul input not 2-D"
+        return Target(node, weight, weight.shape[1], 2)
+    return "not a conv/gemm"
+
+
+def _store(model, node, index: int, tensor, values: np.ndarray, base: str) -> None:
+    """Give input ``index`` of ``node`` the value ``values``: a new array for a constant only
+    ``node`` reads, else a new constant (the old one stays for its other readers)."""
+    if isinstance(tensor, gs.Constant) and read_only_by(tensor, node):
+        tensor.values = as_array(values)
+    else:
+        node.inputs[index] = new_constant(model, base, values)
+
+
+def _scaled_weight(target: Target, scale: np.ndarray) -> np.ndarray:
+    w = target.weight.astype(np.float64)
+    op = target.op
+    if op == "Conv":
+        w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+    elif op == "ConvTranspose":
+        group = int(attr(target.node, "group", 1))
+        view = w.reshape((group, w.shape[0] // group) + w.shape[1:])
+        w = (view * scale.reshape((group, 1, -1) + (1,) * (w.ndim - 2))).reshape(w.shape)
+    elif op == "Gemm" and attr(target.node, "transB", 0):
+        w = w * scale[:, None]
+    else:  # Gemm, MatMul: B is [K, N]
+        w = w * scale[None, :]
+    return w.astype(target.weight.dtype)
+
+
+def fold_into(target: Target, model, graph, scale, shift, out, consumed: list) -> None:
+    """Make ``target`` compute ``y·scale + shift`` (per output channel; either may be None)
+    and write it to ``out``, the output of the last of the ``consumed`` nodes, which go.
+
+    The caller has checked that the weight is not shared when ``scale`` is given.
+    """
+    node = target.node
+    base = f"fuse_{node.name or node.op.lower()}"
+    for dead in consumed:
+        dead.inputs.clear()
+        dead.outputs.clear()
+    if node.op == "MatMul":
+        node = _matmul_to_gemm(node, graph, model)
+        target = Target(node, target.weight, target.channels, 2)
+    if scale is not None:
+        _store(model, node, 1, target.weight_tensor, _scaled_weight(target, scale), base + "_weight")
+    bias_tensor = target.bias_tensor
+    bias = const_value(bias_tensor) if bias_tensor is not None else None
+    dtype = bias.dtype if bias is not None else target.weight.dtype
+    new = None if bias is None else bias.astype(np.float64)
+    if new is not None and node.op == "Gemm":
+        new = new * float(attr(node, "beta", 1.0))  # β·C, then β ← 1 below
+    if new is not None and scale is not None:
+        new = new * scale
+    if shift is not None:
+        new = shift if new is None else new + shift
+    if new is not None and (scale is not None or shift is not None):
+        new = new.astype(dtype)
+        if node.op == "Gemm":
+            node.attrs["beta"] = 1.0
+        if bias_tensor is None and len(node.inputs) > 2:  # empty optional input
+            node.inputs[2] = new_constant(model, base + "_bias", new)
+        elif bias_tensor is None:
+            node.inputs.append(new_constant(model, base + "_bias", new))
+        else:
+            _store(model, node, 2, bias_tensor, new, base + "_bias")
+    if node.outputs:
+        node.outputs[0] = out
+    else:
+        node.outputs.append(out)
+
+
+def _matmul_to_gemm(matmul, graph, model) -> gs.Node:
+    """Replace ``MatMul(x, W)`` (x 2-D) by ``Gemm(x, W)`` in the same place; returns the Gemm."""
+    x, w = matmul.inputs[0], matmul.inputs[1]
+    gemm = gs.Node(
+        "Gemm", name=model.fresh_name(f"fuse_gemm_{matmul.name or 'matmul'}"),
+        attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, inputs=[x, w], outputs=[],
+    )
+    index = next(i for i, n in enumerate(graph.nodes) if n is matmul)
+    graph.nodes[index] = gemm
+    matmul.inputs.clear()
+    matmul.outputs.clear()
+    return gemm
+
+
+def apply_each(graph: gs.Graph, result, op_types: tuple, plan, rewrite) -> int:
+    """Match/check, then rewrite, for every node of ``op_types`` in ``graph``.
+
+    ``plan(node, graph, node_ids)`` returns None (the rule does not concern this node), a
+    reason string (counted once in ``result.skipped``) or a plan, which
+    ``rewrite(node, plan)`` carries out. Returns the number of rewrites.
+    """
+    node_ids = {id(n) for n in graph.nodes}
+    count = 0
+    for node in [n for n in graph.nodes if is_op(n, *op_types)]:
+        if not node.outputs:  # removed by an earlier rewrite of this sweep
+            continue
+        found = plan(node, graph, node_ids)
+        if found is None:
+            continue
+        if isinstance(found, str):
+            skip_once(result, node, found)
+            continue
+        rewrite(node, found)
+        node_ids = {id(n) for n in graph.nodes}
+        count += 1
+    return count
+
+
+def skip_once(result, node, reason: str) -> None:
+    """Count ``reason`` for ``node`` once per pass run (the fuse loop re-applies every rule
+    each round; a node that stays unfoldable would otherwise be counted every round)."""
+    seen = result.__dict__.setdefault("_fold_skips", {})
+    key = (id(node), reason)
+    if key not in seen:
+        seen[key] = node  # keep the node alive so its id cannot be reused
+        result.skip(reason)

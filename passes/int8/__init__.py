@@ -1,0 +1,493 @@
+"""``int8`` — static QDQ quantization that ONNX Runtime's CPU provider runs with integer kernels.
+
+Before / after, for a Conv (MatMul and Gemm alike)::
+
+    x ──▶ Conv(W, b) ──▶ Relu ──▶ y
+    x ─▶ Q ─▶ DQ ─▶ Conv(DQ(W_q, s_w, axis=0), DQ(b_q, s_x·s_w)) ─▶ Relu ─▶ Q ─▶ DQ ─▶ y
+
+ORT fuses ``DQ → Conv → (Relu) → Q`` into QLinearConv (MatMul → QLinearMatMul, or
+MatMulIntegerToFloat when the output stays float; Gemm → QGemm; ``DQ,DQ → Add → Q`` →
+QLinearAdd) with its optimisations on. Encodings: :mod:`onnxslim_kit.passes._quant.qdq`; where Q/DQ go and
+what stays float: :mod:`onnxslim_kit.passes.int8.plan`; calibration methods: :mod:`onnxslim_kit.passes._quant.maths.calib`; the
+fidelity target and per-layer fallback: :mod:`onnxslim_kit.passes.int8.fallback`.
+
+Steps:
+
+1. models that already hold Q/DQ or integer ops pass through untouched (counted reason);
+2. layers found (Conv / MatMul / Gemm / Gather tables of the main graph; layers inside
+   If/Loop bodies are counted, not quantized), ``include`` / ``exclude`` applied; nothing
+   left → nothing changes (not even the opset);
+3. opset < 13: upgraded to 13 (per-channel ``DequantizeLinear`` needs ``axis``); when the
+   converter fails, per-tensor weights on opset ≥ 10, nothing below;
+4. with ``cle``: cross-layer equalization of (Conv → Relu →) Conv pairs (:mod:`onnxslim_kit.passes.int8.cle`);
+5. streaming calibration over the feed (histograms, bounded memory), ranges by ``method``;
+   with ``smooth``, in the same run: per-channel peaks of MatMul/Gemm inputs, then
+   SmoothQuant rebalancing (:mod:`onnxslim_kit.passes._quant.smooth`), the rebalanced inputs' statistics from
+   the kept inputs (one run over the samples instead of two; a second run past 256 MB);
+6. safeguards mark tensors float; layers whose input must stay float stay float;
+7. with ``bias_correction``: per-channel mean output shift of every Conv/Gemm measured and
+   folded into its bias, and every layer's local error measured in the same run
+   (:mod:`onnxslim_kit.passes.int8.correct`);
+8. with ``fallback`` and a ``target``: layers leave static int8 until the target holds on
+   the evaluation samples (the first ``eval_samples`` of the feed), down a *ladder* of rungs
+   (``ladder``, default ``dynamic;weights``) before float: ``dynamic`` (MatMul / Gemm:
+   DynamicQuantizeLinear + MatMulInteger, each input quantized over its own range at run
+   time, fused by ORT into DynamicQuantizeMatMul), ``weights`` (float compute from int8
+   per-channel weights restored by ``Cast`` + ``Mul``, which ORT folds at load: no cost per
+   inference), then float. The most sensitive layers go deepest
+   (:func:`._quant_fallback.choose_fallback`). Layers off static int8 read their float
+   input; smoothed layers on ``weights`` or float get their original input and weight back.
+   Measured (2026-11-29, s2): PP-OCRv4 det 10 float layers (0.54× the fp32 file) → 11 on
+   ``weights`` (0.30×), held-out worst cosine 0.9949 → 0.9935, latency not worse;
+9. with ``speed_check`` (opt-in: a timing-based decision would make the output depend on
+   the machine's load, and deployment builds need the same output for the same input): the
+   int8 candidate is timed against float in ORT; not faster by ``speed_margin`` → the model
+   stays float, with a note (:mod:`onnxslim_kit.passes.int8.speed`);
+10. Q/DQ written for the chosen layers; with ``io=uint8|int8``, integer model inputs and
+    outputs (:mod:`onnxslim_kit.passes.int8.integer_io`).
+
+Lossless limit: ``exclude=all`` leaves the graph unchanged; every layer falling back leaves
+it float (with ``smooth``, an exactly equivalent rebalanced float graph).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnxslim_kit.errors import UserError
+from onnxslim_kit.model import Model
+from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+
+from onnxslim_kit.passes._quant.maths import calib
+from onnxslim_kit.passes.int8 import plan as plan_mod
+from onnxslim_kit.passes._quant import smooth as smooth_mod
+from onnxslim_kit.passes._common.graph import attr
+from onnxslim_kit.passes.int8.cle import equalize
+from onnxslim_kit.passes.int8.correct import measure_twins
+from onnxslim_kit.passes.int8.bodies import restore_body_weights, store_body_weights
+from onnxslim_kit.passes.int8.fallback import (
+    Scorer,
+    SharedWeights,
+    activations,
+    choose_fallback,
+    collect_trials,
+    parse_target,
+    search_scope,
+    trial_copy,
+)
+from onnxslim_kit.passes.int8.integer_io import make_integer_io
+from onnxslim_kit.passes._quant.qdq import (
+    RUNGS,
+    activation_params,
+    add_gated_twins,
+    apply_plan,
+    is_quantized,
+    rungs_of,
+    upgrade_opset,
+)
+from onnxslim_kit.passes.int8.speed import latency_ratio
+
+KEEP_BYTES = 256 << 20  # smoothable activations kept for their smoothed statistics, at most
+
+
+def parse_ladder(text: str) -> list:
+    """``"dynamic;weights"`` → ["dynamic", "weights"]; ``none`` / empty → []."""
+    rungs = [r.strip() for r in (text or "").split(";") if r.strip() not in ("", "none", "float")]
+    bad = [r for r in rungs if r not in RUNGS]
+    if bad:
+        raise UserError(f"int8(ladder={text}): unknown rung {bad[0]!r}; use {', '.join(RUNGS)} or none")
+    return rungs
+
+
+def calib_samples(ctx):
+    """The calibration samples: the first ``calib_samples`` of the feed, or all of it."""
+    n = ctx.options["calib_samples"]
+    return ctx.feed.take(n) if n > 0 else ctx.feed
+
+
+def unsmooth_float_path(graph, plan) -> None:
+    """The float layers of a twin graph (:func:`._quant_qdq.add_gated_twins`) read their
+    original input and weight again (``X·W``, equal to the smoothed ``X'·W'`` up to float
+    rounding): the float weights are then the ones the model holds anyway, not a float copy
+    of every smoothed weight for the session (MiniLM gated ranking: 40 MB). The twins keep
+    the smoothed pair; the trial's own weight constant takes the array, no new name."""
+    tensors = graph.tensors()
+    nodes = {node.name: node for node in graph.nodes}
+    for spec in plan.layers:
+        node = nodes.get(spec.name)
+        if spec.unsmoothed is None or node is None:
+            continue
+        name, weight = spec.unsmoothed
+        node.inputs[0] = tensors[name]
+        node.inputs[spec.weight_index].values = weight
+
+
+@dataclass
+class LayerSpec:
+    name: str
+    op: str
+    inputs: list          # activation tensor names
+    output: str           # Q point after the layer
+    weight_index: int | None
+    weight_axis: int | None
+    bias_index: int | None
+    unsmoothed: tuple | None = None  # (input name, weight array) before SmoothQuant
+
+
+@dataclass
+class Plan:
+    layers: list
+    params: dict          # tensor name -> (scale, zero point)
+    per_channel: bool
+    bias_shift: dict = field(default_factory=dict)  # layer name -> bias correction vector
+    encodings: dict = field(default_factory=dict)   # (layer, kind) -> integer weights (_quant_qdq)
+
+
+@register_pass
+class Int8Pass(Pass):
+    name = "int8"
+    summary = "static int8 QDQ (per-channel weights, calibrated activations, safeguards, fidelity target)"
+    lossless = False
+    options = {
+        "method": Option(str, "percentile", "activation calibration", calib.METHODS),
+        "percentile": Option(float, 99.99, "percentile for method=percentile"),
+        "activations": Option(str, "uint8", "activation type", ("uint8", "int8")),
+        "per_channel": Option(bool, True, "per-output-channel weight scales (needs opset ≥ 13)"),
+        "calib_samples": Option(int, 0, "calibration samples to use (0: the whole feed)"),
+        "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off); "
+                       "Softmax outputs over ≤ 32 classes must also keep their decisions to V"),
+        "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
+        "eval_samples": Option(int, 8, "samples used to score the target and measure the bias correction"),
+        "cle": Option(bool, False, "cross-layer equalization of (Conv → Relu →) Conv pairs before calibration"),
+        "smooth": Option(float, 0.5, "SmoothQuant α: move activation outliers of MatMul/Gemm inputs into "
+                         "the weights (0: off)"),
+        "bias_correction": Option(bool, True, "shift Conv/Gemm biases by the mean output error of quantization"),
+        "sensitivity": Option(str, "auto", "layer ranking for the fallback: local (one run, per-layer "
+                              "error), e2e (each layer alone in int8, scored at the outputs), hybrid (local, "
+                              "then the `refine` first re-ranked end to end), auto (e2e when ≥ 1/4 of the "
+                              "layers are MatMul/Gemm, else hybrid)", ("auto", "hybrid", "e2e", "local")),
+        "refine": Option(int, 8, "sensitivity=hybrid: layers re-scored end to end"),
+        "gated_ranking": Option(bool, True, "sensitivity=e2e: rank from one session holding every layer's "
+                                "quantized twin behind a switch (instead of one build per layer; same ranking)"),
+        "rank_samples": Option(int, 1, "samples used to rank layers end to end (e2e, hybrid)"),
+        "ladder": Option(str, "dynamic;weights", "fallback rungs between static int8 and float, ';'-separated, "
+                         "from int8 towards float: dynamic (MatMul/Gemm: DynamicQuantizeLinear + MatMulInteger), "
+                         "weights (int8 weights, float compute; ORT folds them at load); 'none': straight to float"),
+        "io": Option(str, "float", "model inputs/outputs: float, or uint8 / int8 (full-integer, encodings in "
+                     "the model's metadata)", ("float", "uint8", "int8")),
+        "speed_check": Option(bool, False, "time float vs int8 in ORT (optimizations on, 1 thread) and keep "
+                              "the model float when int8 is not faster (the output then depends on "
+                              "timing: off by default so runs are deterministic)"),
+        "speed_margin": Option(float, 0.9, "speed_check: keep int8 only when its latency ≤ this × float's"),
+        "include": Option(str, "", "only these layers: 'op:Conv;name:REGEX;first:OP:N;last:OP:N' (';'-separated)"),
+        "exclude": Option(str, "", "keep these layers float, same syntax as include, or 'all' (e.g. last:Conv:1)"),
+        "max_range": Option(float, 1e4, "keep tensors with calibrated |x| above this float (0: off)"),
+        "heads": Option(bool, True, "keep inputs of Sigmoid/Softmax decision heads float"),
+        "log": Option(bool, True, "keep tensors feeding a Log (spectra) float"),
+        "bodies": Option(bool, True, "store If/Loop/Scan body weights (Conv/MatMul/Gemm/RNN) as int8 + Cast + Mul, "
+                         "float compute, kept when the target holds (the bodies are not calibrated)"),
+        "grouped": Option(str, "int8", "depthwise and other grouped Conv: int8 (static, searched like any "
+                          "layer), weights (int8 storage, float compute: ONNX Runtime's CPU int8 path for "
+                          "them can be slower than its float one) or float", ("int8", "weights", "float")),
+        "concat_ratio": Option(float, 16.0, "keep Concat outputs float when input ranges differ more (0: off)"),
+    }
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        opts = ctx.options
+        if any(is_quantized(g) for g in model.all_graphs()):
+            result.skip("already quantized (has Q/DQ or integer ops)")
+            return result
+        target = parse_target(opts["target"])  # a bad target or ladder fails before the calibration
+        ladder = parse_ladder(opts["ladder"])
+        for sub in list(model.all_graphs())[1:]:
+            result.skip("layer in an If/Loop body (not calibrated)",
+                        sum(1 for n in sub.nodes if n.op in plan_mod.LAYER_OPS))
+        first_look = PassResult()
+        if not self._layers(model, opts, first_look):  # decided before any opset upgrade
+            result.skipped.update(first_look.skipped)
+            result.skip("no layer to quantize")
+            self._store_body_weights(model, ctx, target, result)
+            return result
+        per_channel = self._prepare_opset(model, opts["per_channel"], result)
+        if per_channel is None:
+            return result
+        if opts["cle"]:
+            result.metrics["cle_pairs"] = equalize(model.graph, result)
+        layers = self._layers(model, opts, result)
+        start = time.perf_counter()  # the calibration phase: smoothing peaks, activation ranges
+        groups = smooth_mod.smoothable(layers) if opts["smooth"] > 0 else {}
+        stats, peaks, kept = self._calibrate(model, layers, ctx, sorted(groups))
+        # the same layers after smoothing, their inputs rewired (smooth updates them)
+        unsmoothed = smooth_mod.smooth(model, groups, peaks, opts["smooth"], result) if groups else {}
+        if unsmoothed:
+            if kept is None:  # the inputs were too large to keep: a second run over the samples
+                stats = self._calibrate(model, layers, ctx)[0]
+            else:
+                stats.update(smooth_mod.smoothed_stats(model.graph, kept))
+        del kept  # the kept activations (up to KEEP_BYTES) are not needed past here: not held through the search
+        result.metrics["seconds_calibration"] = time.perf_counter() - start  # the plan's time added next
+        try:
+            return self._quantize(model, ctx, result, layers, stats, unsmoothed, per_channel, target, ladder)
+        finally:
+            smooth_mod.realize(model.graph)  # smoothed weights still read (a layer kept float) get arrays
+
+    def _quantize(self, model, ctx, result, layers, stats, unsmoothed, per_channel, target, ladder) -> PassResult:
+        """Steps 6–10 on the calibrated (and smoothed) model."""
+        opts = ctx.options
+        start = time.perf_counter()
+        plan = self._plan(model, layers, stats, opts, per_channel, result)
+        result.metrics["seconds_calibration"] = round(result.metrics.pop("seconds_calibration")
+                                                      + time.perf_counter() - start, 2)
+        start = time.perf_counter()
+        for spec in plan.layers:
+            spec.unsmoothed = unsmoothed.get(spec.name)
+        sensitivity = None
+        if opts["bias_correction"] and any(s.op in ("Conv", "Gemm") and s.weight_index is not None
+                                           for s in plan.layers):  # else nothing to correct (MatMul: no bias)
+            plan.bias_shift, sensitivity = measure_twins(trial_copy(model), plan, self._eval_samples(ctx))
+            result.metrics["bias_corrected"] = len(plan.bias_shift)
+            result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
+        fixed = self._grouped(model, plan, opts["grouped"], result)
+        enabled = {spec.name for spec in plan.layers} - set(fixed)
+        rungs = self._rungs(plan, ladder)
+        if opts["fallback"] and target is not None and enabled:
+            start = time.perf_counter()
+            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, ctx, result, sensitivity, fixed)
+            result.metrics["seconds_fallback"] = round(time.perf_counter() - start, 2)
+        else:
+            rungs = {}
+        rungs.update({name: rung for name, rung in fixed.items() if rung in RUNGS})
+        if opts["speed_check"] and enabled and not self._pays_off(model, plan, enabled, rungs, ctx, result):
+            return result
+        apply_plan(model, plan, enabled, result, rungs)
+        if opts["io"] != "float" and enabled:
+            make_integer_io(model, opts["io"], stats, lambda s: calib.clip_range(s, opts["method"], opts["percentile"]),
+                            result)
+        result.metrics["layers_int8"] = len(enabled)
+        result.metrics["layers_float"] = len(plan.layers) - len(enabled) - len(rungs)
+        self._store_body_weights(model, ctx, target, result)
+        return result
+
+    def _store_body_weights(self, model, ctx, target, result) -> None:
+        """If/Loop/Scan body weights stored int8, float compute (:mod:`onnxslim_kit.passes.int8.bodies`), kept
+        only when the whole model still meets the target."""
+        if not ctx.options["bodies"]:
+            return
+        trial = PassResult()
+        undo = store_body_weights(model, trial)
+        if undo and target is not None:
+            metric, value = target
+            score = Scorer(ctx.original, self._eval_samples(ctx), metric)(model.to_proto())
+            if score < value:
+                restore_body_weights(undo)
+                result.skip(f"body weights kept float: int8 storage scores {metric} {score:.4f} < {value}", len(undo))
+                return
+        for label, count in trial.rewrites.items():
+            result.rewrite(label, count)
+
+    # --- steps ---------------------------------------------------------------------------
+    def _prepare_opset(self, model, per_channel: bool, result):
+        """Per-channel flag to use, upgrading the opset when needed; None: cannot quantize."""
+        if model.opset >= 13:
+            return per_channel
+        if not per_channel and model.opset >= 10:
+            return False
+        upgraded = upgrade_opset(model.to_proto(), 13)
+        if upgraded is not None:
+            result.notes.append(f"opset {model.opset} upgraded to 13 for per-channel DequantizeLinear")
+            result.rewrite("opset→13")
+            model.graph = Model.from_proto(upgraded).graph
+            model.commit()
+            return per_channel
+        if model.opset >= 10:
+            result.notes.append(f"opset {model.opset} could not be upgraded: per-tensor weight scales")
+            return False
+        result.skip("opset < 10 and the upgrade to 13 failed")
+        return None
+
+    def _layers(self, model, opts, result) -> list:
+        """The layers of the main graph after include / exclude (unnamed nodes get names)."""
+        for node in model.graph.nodes:
+            if not node.name:
+                node.name = model.fresh_name(f"int8/{node.op}")
+        return self._filter(plan_mod.find_layers(model.graph, result), opts, result)
+
+    def _filter(self, layers, opts, result):
+        include = plan_mod.parse_selectors(opts["include"], "include")
+        exclude = plan_mod.parse_selectors(opts["exclude"], "exclude")
+        keep = plan_mod.select(layers, include) if include else {l.name for l in layers}
+        keep -= plan_mod.select(layers, exclude)
+        result.skip("excluded by include/exclude", len(layers) - len(keep))
+        return [l for l in layers if l.name in keep]
+
+    def _calibrate(self, model, layers, ctx, smoothable=()) -> tuple:
+        """(statistics of every Q point, per-channel peaks of the ``smoothable`` tensors, those
+        tensors' arrays per sample or None past ``KEEP_BYTES``) from one run over the samples.
+
+        SmoothQuant needs the peaks before it can rewrite, and the rewritten inputs
+        ``X' = X · (1/s)`` need statistics: kept, ``X`` gives them exactly without a second
+        run (:func:`._quant_smooth.smoothed_stats`)."""
+        opts = ctx.options
+        tensors = {t.name for l in layers for t in l.inputs + [l.output]}
+        tensors |= {t.name for t in plan_mod.concat_inputs(layers)}
+        if opts["io"] != "float":
+            tensors |= {t.name for t in model.graph.outputs}
+        names = sorted(tensors | set(smoothable))
+        collector = calib.StatsCollector(sorted(tensors), binned=opts["method"] != "minmax")
+        peaks, kept, size = {}, {name: [] for name in smoothable}, 0
+        total = opts["calib_samples"] or None
+        # every core, as quantize_static's calibration: ORT's CPU kernels split work by output
+        # blocks, so the activations are bitwise those of one thread (checked on PP-OCRv4 det)
+        runs = activations(model, names, calib_samples(ctx), threads=0)
+        for acts in ctx.progress(runs, desc="int8 calibration", total=total):
+            collector.update(acts)
+            smooth_mod.update_peaks(peaks, acts, smoothable)
+            if kept is not None:
+                size += sum(acts[name].nbytes for name in smoothable)
+                if size > KEEP_BYTES:
+                    kept = None
+                else:
+                    for name in smoothable:
+                        kept[name].append(acts[name])  # ORT's own arrays: never reused, no copy needed
+            acts.clear()  # frees this sample's tensors before the next run (half the peak memory)
+        return collector.stats, peaks, kept
+
+    def _plan(self, model, layers, stats, opts, per_channel, result) -> Plan:
+        guards = plan_mod.Guards(opts["max_range"], opts["heads"], opts["log"], opts["concat_ratio"])
+        float_reasons = plan_mod.float_tensors(model.graph, layers, stats, guards)
+        specs, params = [], {}
+        for layer in layers:
+            blocked = [float_reasons[t.name] for t in layer.inputs + [layer.output]
+                       if t.name in float_reasons and (t in layer.inputs or layer.node.op == "Gather")]
+            if blocked:
+                result.skip(f"{layer.node.op} kept float: {'output' if layer.node.op == 'Gather' else 'input'} "
+                            f"{blocked[0]}")
+                continue
+            if layer.output.name in float_reasons:
+                result.skip(f"output left float: {float_reasons[layer.output.name]}")
+            for t in layer.inputs + [layer.output]:
+                if t.name not in float_reasons and t.name not in params:
+                    lo, hi = calib.clip_range(stats[t.name], opts["method"], opts["percentile"])
+                    params[t.name] = activation_params(lo, hi, opts["activations"])
+            if layer.node.op == "Gather":  # the output Q repeats the table's encoding (uint8: ORT turns
+                table = layer.node.inputs[0].values  # int8 activation Q/DQ into uint8 on x86)
+                params[layer.output.name] = activation_params(float(table.min()), float(table.max()), "uint8")
+            bias_index = 2 if layer.bias is not None else None
+            specs.append(LayerSpec(layer.name, layer.node.op, [t.name for t in layer.inputs], layer.output.name,
+                                   layer.weight_index, layer.weight_axis, bias_index))
+        return Plan(specs, params, per_channel)
+
+    def _pays_off(self, model, plan, enabled, rungs, ctx, result) -> bool:
+        """True when the int8 candidate runs faster than float by the margin (:mod:`onnxslim_kit.passes.int8.speed`)."""
+        trial = trial_copy(model)
+        apply_plan(trial, plan, enabled, fallback=rungs)
+        trial.commit()
+        ratio, spread, rounds = latency_ratio(trial.to_proto(), model.to_proto(), ctx.feed.take(1)[0])
+        result.metrics["speed_ratio"] = round(ratio, 3)
+        result.metrics["speed_rounds"] = rounds
+        if ratio <= ctx.options["speed_margin"]:
+            return True
+        result.skip(f"int8 not faster than float here ({ratio:.2f}× its latency): kept float", len(enabled))
+        result.notes.append(f"int8 would be {ratio:.2f}× the float latency here (ORT, optimizations on, 1 thread, "
+                            f"{rounds} interleaved rounds, spread {spread[0]:.2f}–{spread[1]:.2f}): kept float; "
+                            "pass speed_check=false to force")
+        result.metrics["layers_int8"] = 0
+        result.metrics["layers_float"] = len(plan.layers)
+        return False
+
+    @staticmethod
+    def _rungs(plan, ladder: list) -> dict:
+        """``{layer: the rungs of the ladder it can take, in ladder order}`` (layers with one)."""
+        out = {}
+        for spec in plan.layers:
+            rungs = [r for r in ladder if r in rungs_of(spec)]
+            if rungs:
+                out[spec.name] = rungs
+        return out
+
+    @staticmethod
+    def _eval_samples(ctx) -> list:
+        return ctx.feed.take(max(1, ctx.options["eval_samples"]))
+
+    @staticmethod
+    def _grouped(model, plan, choice: str, result) -> dict:
+        """``{layer: "weights" | "float"}`` for the depthwise / grouped Convs under ``grouped``
+        (none for ``int8``). ``grouped=weights`` measured (ORT 1.32, 1 thread, latency vs
+        float, ``benchmarks/results/int8-2026-11-29-s3-grouped.md``): ppocr_cls_v2 1.39× → 1.04×,
+        orientation 1.00× → 0.91×, PP-OCRv4 det 0.68× → 0.64×, but PP-OCRv4 rec 0.63× → 0.79×:
+        with its depthwise convs float-computed the target needed 18 more layers in float (not
+        understood yet), so it is not the default."""
+        if choice == "int8":
+            return {}
+        nodes = {node.name: node for node in model.graph.nodes}
+        fixed = {spec.name: choice for spec in plan.layers
+                 if spec.op == "Conv" and spec.name in nodes and int(attr(nodes[spec.name], "group", 1)) > 1}
+        result.skip(f"grouped Conv on the {choice} rung (grouped={choice})" if choice == "weights"
+                    else "grouped Conv kept float (grouped=float)", len(fixed))
+        return fixed
+
+    def _fallback(self, model, plan, enabled, rungs, target, ctx, result, sensitivity, fixed=None) -> tuple:
+        """(layers left static int8, ``{layer: rung}`` of the layers on a ladder rung): the
+        smallest fallback that meets the target (:func:`._quant_fallback.choose_fallback`),
+        the layers of ``fixed`` (``{layer: choice}``) held at their choice."""
+        fixed = fixed or {}
+        metric, value = target
+        samples = self._eval_samples(ctx)
+        shared = SharedWeights(model.graph)
+        scorer = Scorer(ctx.original, samples, metric, shared)
+
+        def build(assign: dict):
+            collect_trials()
+            trial = trial_copy(model)
+            assign = {**assign, **fixed}
+            apply_plan(trial, plan, {n for n, c in assign.items() if c == "int8"},
+                       fallback={n: c for n, c in assign.items() if c in RUNGS})
+            shared.strip(trial.graph)
+            return trial.to_proto()  # ORT sorts the nodes itself; no commit needed
+
+        names = [spec.name for spec in plan.layers if spec.name not in fixed]
+        mode = ctx.options["sensitivity"]
+        if mode == "auto":  # measured: local errors misrank transformer layers (MiniLM: all float)
+            dense = sum(spec.op in ("MatMul", "Gemm") for spec in plan.layers)
+            mode = "e2e" if 4 * dense >= len(plan.layers) else "hybrid"
+        local = None if mode == "e2e" else (  # measured with the bias correction, or now
+            lambda: sensitivity or measure_twins(trial_copy(model), plan, samples, correct=False)[1])
+        ranker = scorer.head(max(1, ctx.options["rank_samples"]))
+        refine = ctx.options["refine"] if mode == "hybrid" else 0
+
+        def gated(todo: list) -> dict:
+            """End-to-end sensitivities from one session (:func:`._quant_qdq.add_gated_twins`)."""
+            collect_trials()
+            trial = trial_copy(model)
+            every = add_gated_twins(trial, plan)  # every layer's switch is a session input
+            gates = {n: g for n, g in every.items() if n in todo}
+            unsmooth_float_path(trial.graph, plan)
+            shared.strip(trial.graph)
+            ranker.builds += 1
+            session = shared.session(trial.to_proto(), prepack=False)
+            off = {g: np.array(False) for g in every.values()}
+            return {n: 1.0 - ranker.score_session(session, extra={**off, g: np.array(True)})
+                    for n, g in ctx.progress(gates.items(), desc="int8 sensitivity", total=len(gates))}
+
+        with search_scope():
+            chosen, score, _ = choose_fallback(names, build, scorer, value, rungs, ctx.progress, ctx.log, local,
+                                               ranker, refine,
+                                               gated if ctx.options["gated_ranking"] and mode == "e2e" else None)
+        on_rung = {n: c for n, c in chosen.items() if c in RUNGS}
+        float_layers = [n for n, c in chosen.items() if c == "float"]
+        result.metrics["sensitivity"] = mode
+        result.skip("kept float for the fidelity target", len(float_layers))
+        result.metrics[f"target_{metric}"] = round(score, 6)
+        result.metrics["fallback_builds"] = scorer.builds + ranker.builds
+        result.metrics["fallback_runs"] = scorer.runs + ranker.runs
+        for rung in RUNGS:
+            result.metrics[f"layers_{rung}"] = sum(c == rung for c in on_rung.values())
+        for what, names_ in (("on a fallback rung", list(on_rung)), ("float", float_layers)):
+            if names_:
+                result.notes.append(f"{what} for the target: " + ", ".join(names_[:8])
+                                    + (" …" if len(names_) > 8 else ""))
+        return {n for n, c in chosen.items() if c == "int8"}, on_rung

@@ -1,0 +1,68 @@
+"""Bias correction and local sensitivity for the ``int8`` pass, from one run.
+
+The float model carries a fake-quantized twin of every layer
+(:func:`._quant_qdq.add_quantized_twins`: the same op reading Q/DQ'd inputs and weights);
+one run per sample gives, for every layer ``l``, its float output ``y`` and its twin's
+``ŷ``, and with them the error ``e = y − ŷ`` of quantizing that layer alone.
+
+**Bias correction.** Quantizing a layer's input and weights shifts the mean of its output:
+``E[e] ≠ 0`` per output channel (rounding of small weights does not cancel, most visibly in
+depthwise convolutions). The mean is added to the bias before it is quantized::
+
+    m_c = mean over samples, batch and spatial positions of e_c,     b'_c = b_c + m_c
+
+Channel axis: 1 for Conv, the last axis for Gemm. Conv and Gemm without a bias get one;
+MatMul has no bias input and is left as is. This is the local (per-layer) form: it corrects
+each layer for its own error, not for the error arriving from the layers before it.
+
+**Local sensitivity** (the ranking of the fallback search, :mod:`onnxslim_kit.passes.int8.fallback`): the
+relative squared error left after the correction, ``1 / SQNR``, from running sums::
+
+    s_l = Σ_c (Σ e_c² − n_c · m_c²) / Σ y²
+
+(``Σ (e − m)² = Σ e² − n·m²``; without correction, or for MatMul, ``m = 0``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxslim_kit.passes.int8.fallback import activations
+from onnxslim_kit.passes._quant.qdq import add_quantized_twins
+
+
+def _channel_sums(x: np.ndarray, axis: int) -> tuple:
+    """(Σ x, Σ x², count) per channel along ``axis``."""
+    flat = np.moveaxis(x.astype(np.float64), axis, 0).reshape(x.shape[axis], -1)
+    return flat.sum(axis=1), np.einsum("ij,ij->i", flat, flat), flat.shape[1]
+
+
+def measure_twins(model, plan, samples: list, correct: bool = True) -> tuple:
+    """``(shifts, sensitivity)``: ``{layer: float32 vector}`` to add to each Conv / Gemm bias
+    (empty when not ``correct``) and ``{layer: s_l}`` for every layer of ``plan``.
+
+    ``model`` is a throw-away copy of the float model (twins are added to it)."""
+    ops = {s.name: s.op for s in plan.layers}
+    biased = {s.name for s in plan.layers if s.op in ("Conv", "Gemm") and s.weight_index is not None}
+    pairs = add_quantized_twins(model, plan)
+    names = [n for _, a, b in pairs for n in (a, b)]
+    err_sum, err_sq, count, ref_sq = {}, {}, {}, {}
+    for acts in activations(model, names, samples, lazy=True):
+        for layer, a, b in pairs:
+            y = acts.pop(a).numpy()  # made arrays pair by pair, popped: each pair's tensors go once measured
+            e = y.astype(np.float64) - acts.pop(b).numpy()
+            axis = 1 if ops[layer] == "Conv" else e.ndim - 1
+            s1, s2, n = _channel_sums(e, axis) if e.ndim else (e.reshape(1), e.reshape(1) ** 2, 1)
+            err_sum[layer] = err_sum.get(layer, 0.0) + s1
+            err_sq[layer] = err_sq.get(layer, 0.0) + s2
+            count[layer] = count.get(layer, 0) + n
+            ref_sq[layer] = ref_sq.get(layer, 0.0) + float(np.square(y, dtype=np.float64).sum())
+        acts.clear()  # frees this sample's tensors before the next run
+    shifts, sensitivity = {}, {}
+    for layer, total in err_sum.items():
+        mean = total / count[layer] if correct and layer in biased else 0.0
+        if correct and layer in biased:
+            shifts[layer] = np.asarray(mean, dtype=np.float32)
+        left = float(np.sum(err_sq[layer] - count[layer] * np.square(mean)))
+        sensitivity[layer] = max(left, 0.0) / ref_sq[layer] if ref_sq[layer] > 0 else (1.0 if left > 0 else 0.0)
+    return shifts, sensitivity

@@ -1,0 +1,593 @@
+"""Fidelity target and per-layer fallback of the ``int8`` pass.
+
+Target ``METRIC:VALUE`` (``cos:0.99`` or ``top1:0.99``), measured against the *original*
+model's outputs on the evaluation samples (ORT, optimisations off):
+
+* ``cos``  — the worst cosine similarity over outputs and samples;
+* ``top1`` — the argmax agreement over all rows of all samples, worst output (outputs
+  without a class axis are judged by cosine instead).
+
+Either way, an output made by a ``Softmax`` over at most ``DECISION_CLASSES`` classes (a
+classifier's probabilities, a detector's per-pixel class map; through ``Identity``) must
+also keep its *decisions*: the argmax over the Softmax's axis (not necessarily the last),
+scored as the agreement on the rows that are not plain background — rows where the
+reference or the candidate decides a class other than the reference's most frequent one —
+so a rare class's flips are not drowned by the easy majority. Measured on MTCNN P-Net (8
+calibration samples, int8 everywhere): per-pixel argmax agreement 0.9994 and cosine 0.99
+while 20 of 85 face pixels flipped (the suite's face-mask IoU 0.82).
+
+Search (each step builds the model with a set of int8 layers and scores it):
+
+1. all candidate layers int8 — done if the target holds;
+2. sensitivity ``s_l`` of every layer ``l``:
+
+   * ``local``: the relative squared error ``s_l`` of each layer quantized alone, measured
+     with the bias correction (one run of the float model carrying a fake-quantized twin of
+     every layer, :mod:`onnxslim_kit.passes.int8.correct`) — how much 8 bits hurt the layer itself, free but
+     a coarse ranking (it ignores how the error grows downstream: with 1 − cos as the local
+     error, PP-OCRv4 rec sent 33 layers back to float where e2e sent 3);
+   * ``e2e``: each layer alone in int8, ``s_l = 1 − score`` at the outputs — the best
+     ranking; with ``gated_ranking`` (default) from *one* session holding every layer's
+     fake-quantized twin behind a bool input (``Where``), one run per layer with its switch
+     on (:func:`._quant_qdq.add_gated_twins`; the same ranking as one build per layer, to
+     1e-5, on PP-OCRv4 det and MiniLM; MiniLM 66 → 17 builds), else one build per layer;
+   * ``hybrid``: the local ranking, then the ``refine`` most locally sensitive layers are
+     re-scored end to end and put first in that order (``refine`` sessions);
+   * ``auto`` (default, decided in ``int8.py``): e2e when at least a quarter of the layers
+     are MatMul/Gemm, else hybrid. Measured (2026-11-29, loaded machine, noisy times):
+     PP-OCRv4 det hybrid 10 float layers in 17 s vs e2e 7 in 44 s (same box agreement);
+     MiniLM hybrid sent nearly every layer to float (int8 then no faster: kept float)
+     where e2e kept 27 of 50 in int8 at 0.87× the float latency;
+
+3. the ladder search of :func:`choose_fallback`: the shallowest level of the ladder
+   (``int8 → rung₁ → … → float``) that meets the target with every layer at it, then, level
+   by level back towards int8, the fewest most sensitive layers that must stay at each
+   level (doubling ``k = 1, 2, 4, …``, then a bisection). Without rungs: the ``k`` most
+   sensitive layers go float. All layers float is the float model itself (score 1, not
+   run), so the search always ends.
+
+Scoring runs the first sample alone and, when the samples are small (≤ 1 MB of inputs),
+stack along a free batch axis and give the original model's per-sample outputs when
+batched, the rest in batches of ``BATCH_SAMPLES`` (per-run overhead dominates small models; not for
+candidates with DynamicQuantizeLinear, whose range spans the batch).
+
+The search only needs *pass / fail* at each ``k``, so a trial stops at the first sample
+that proves failure: the score can only fall with more samples (``cos``: a minimum), or
+for ``top1`` the agreement cannot reach the target even if all remaining rows agree::
+
+    bound = (Σ_seen agree·rows + rows_remaining) / rows_total  <  target  ⇒  fail
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+
+from onnxslim_kit.errors import UserError
+from onnxslim_kit.metrics import compare
+from onnxslim_kit.runtime import (
+    EXTERNAL_FOLDER,
+    add_outputs,
+    give_back,
+    make_session,
+    prepare_feed,
+    session_options,
+)
+from onnxslim_kit.runtime import run as run_once
+from onnxslim_kit.streaming import set_location
+
+from onnxslim_kit.passes._quant.smooth import is_lazy
+
+METRICS = ("cos", "top1")
+DECISION_CLASSES = 32  # Softmax outputs over at most this many classes are also judged by their decisions
+BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run batched ...
+BATCH_SAMPLES = 2  # ... this many at a time (MiniLM, during a run: 7 samples +40 MB, 4 +24, 2 +14; 105 → 108 runs)
+BATCH_COUPLED = {"DynamicQuantizeLinear"}  # ops whose result for one sample depends on the others
+STAND_IN = "stand-in.bin"  # SharedWeights: the sparse file external stubs name
+
+
+def run(session, sample: dict) -> dict:
+    """:func:`onnxslim_kit.runtime.run`, then the run's freed intermediates given back."""
+    try:
+        return run_once(session, sample)
+    finally:
+        give_back()
+
+
+def parse_target(text: str):
+    """``"cos:0.99"`` → ("cos", 0.99); empty / ``none`` → None."""
+    text = (text or "").strip()
+    if text in ("", "none", "off"):
+        return None
+    metric, _, value = text.partition(":")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if metric not in METRICS or number is None or not 0 < number <= 1:
+        raise UserError(f"int8(target={text}): expected cos:VALUE or top1:VALUE with 0 < VALUE ≤ 1")
+    return metric, number
+
+
+def fast_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """:func:`onnxslim_kit.metrics.cosine` with ``einsum`` sums instead of BLAS dot products
+    (equal to ~1e-15; BLAS threads on a loaded 2-core machine made each call on a detector's
+    output 85 ms, this one 16 ms)."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    na, nb = np.einsum("i,i->", a, a), np.einsum("i,i->", b, b)
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(np.einsum("i,i->", a, b) / np.sqrt(na * nb))
+
+
+class SharedWeights:
+    """Large constants handed to ORT as in-memory arrays instead of through the trial proto.
+
+    :meth:`strip` gives a trial graph's large constants (float weights, their int8
+    encodings) empty placeholder arrays *before* export, so the weights are not copied into
+    the proto (MiniLM: half of the search time was that copy); :meth:`session` makes the
+    placeholders external-data stubs and hands ORT the arrays themselves
+    (``SessionOptions.add_initializer``: ORT runs on the caller's buffer). The float
+    weights of ``graph`` get their ``OrtValue`` once; other arrays (encodings made for a
+    trial) one per trial.
+
+    Measured on ORT 1.32 (100 MB MatMul weight, RSS per session): ``add_external_initializers``
+    copies the array (+100 MB); ``add_initializer`` does not. MatMul's pre-packing still makes
+    a packed copy of a constant float weight (``session.disable_prepacking`` would save it,
+    but MLAS then rounds differently: other scores, another search result — left on). The
+    stubs name a sparse file of zeros (ORT checks that an external tensor's file exists and
+    is long enough; the initializer given replaces it unread).
+    """
+
+    def __init__(self, graph, min_size: int = 4096):
+        self.min_size = min_size
+        self.cached = {}   # id(array) -> (array, OrtValue) for the model's own weights
+        self.pending = {}  # placeholders of the last strip(): name -> (array, OrtValue)
+        self.folder = None  # TemporaryDirectory holding the sparse stand-in file
+        self.folder_size = 0
+        for tensor in graph.tensors().values():
+            values = None if is_lazy(tensor) else getattr(tensor, "values", None)  # smoothed weights stay lazy
+            if isinstance(values, np.ndarray) and values.size >= min_size:
+                self.cached[id(values)] = self._entry(values)
+
+    @staticmethod
+    def _entry(values: np.ndarray) -> tuple:
+        values = np.ascontiguousarray(values)
+        return values, ort.OrtValue.ortvalue_from_numpy(values)
+
+    def strip(self, graph) -> None:
+        """Give ``graph``'s (a trial copy's) large constants empty placeholders; the copy's
+        Constant objects are its own, the arrays are never touched. The graph's constant-only
+        nodes are put first too (:func:`constants_first`)."""
+        self.pending = {}
+        for tensor in graph.tensors().values():
+            values = getattr(tensor, "values", None)
+            if isinstance(tensor, gs.Constant) and isinstance(values, np.ndarray) and values.size >= self.min_size:
+                self.pending[tensor.name] = self.cached.get(id(values)) or self._entry(values)
+                tensor.values = np.empty(0, values.dtype)
+        constants_first(graph)
+
+    def _stand_in(self, nbytes: int) -> str:
+        """The folder of a sparse file of at least ``nbytes`` (no disk blocks, no memory)."""
+        if self.folder is None:
+            self.folder = tempfile.TemporaryDirectory(prefix="slim-int8-", ignore_cleanup_errors=True)
+        if nbytes > self.folder_size:
+            with open(Path(self.folder.name) / STAND_IN, "wb") as fh:
+                fh.truncate(nbytes)
+            self.folder_size = nbytes
+        return self.folder.name
+
+    def session(self, proto, prepack: bool = True, threads: int = 1):
+        """A session of ``proto`` (exported after :meth:`strip`) on the arrays themselves.
+        ``prepack=False``: ORT keeps no packed copy of the constant float MatMul weights (the
+        gated ranking: MiniLM 40 MB less; the same ranking measured on MiniLM). ``threads``: ORT's
+        intra-op threads (0: its default, the machine's cores)."""
+        used = []
+        for init in proto.graph.initializer:
+            entry = self.pending.get(init.name)
+            if entry is None or tuple(init.dims) != (0,):
+                continue
+            del init.dims[:]
+            init.dims.extend(entry[0].shape)
+            set_location(init, STAND_IN, 0, entry[0].nbytes)
+            used.append(init.name)
+        so = session_options("disable", threads)
+        if not prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
+        so.enable_cpu_mem_arena = False  # the arena keeps each run's peak for the session's life (MiniLM gated
+        # ranking: +160 MB held over 47 runs); without it intermediates go back as they are freed
+        if used:
+            so.add_session_config_entry(EXTERNAL_FOLDER, self._stand_in(max(self.pending[n][0].nbytes for n in used)))
+            for name in used:
+                so.add_initializer(name, self.pending[name][1])
+        session = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        session.slim_arrays = self.pending  # ORT reads these buffers in place: alive as long as the session
+        self.pending = {}
+        give_back()
+        return session
+
+
+def constants_first(graph) -> None:
+    """Put the nodes that compute from constants only (a weight's DequantizeLinear, the
+    ``weights`` rung's Cast → Mul) first in ``graph.nodes``, in their order.
+
+    ONNX Runtime orders a session's nodes by a depth-first walk up from the outputs that
+    visits a node's producers highest index first: a weight's DQ appended after the layers
+    ran before everything upstream of its layer, so every layer's float weight was alive at
+    once (MiniLM, every layer static: +34 MB per run). First in the list, each runs just before
+    its reader (+6 MB). The order changes no number."""
+    known = {}
+
+    def constant_only(node) -> bool:
+        if id(node) not in known:
+            known[id(node)] = False  # a cycle (never in a valid graph) counts as not constant
+            known[id(node)] = all(isinstance(t, gs.Constant) or (t.inputs and constant_only(t.inputs[0]))
+                                  or (not t.inputs and not t.name) for t in node.inputs)
+        return known[id(node)]
+
+    graph_inputs = {id(t) for t in graph.inputs}
+    first = [n for n in graph.nodes if not any(id(t) in graph_inputs for t in n.inputs) and constant_only(n)]
+    if first:
+        chosen = {id(n) for n in first}
+        graph.nodes = first + [n for n in graph.nodes if id(n) not in chosen]
+
+
+def trial_copy(model):
+    """A copy of ``model`` to try things on: arrays shared (never mutated), the set of used
+    names shared too (a trial's fresh names only reserve more names in the original)."""
+    return replace(model, graph=model.graph.copy())
+
+
+def collect_trials() -> None:
+    """Free the dropped trial graphs: onnx-graphsurgeon's nodes and tensors refer to each
+    other (and to themselves, through their input / output lists), so a dropped trial waits
+    for the cycle collector. Called before each trial is built (MiniLM's search held ~15 MB
+    of dead trials between collections); inside :func:`search_scope` only the objects made
+    since are walked."""
+    gc.collect()
+    give_back()
+
+
+@contextmanager
+def search_scope():
+    """While open, the objects that exist when it opens (the model, the modules) are left out
+    of the cycle collector's walks (``gc.freeze``; thawed on exit): :func:`collect_trials`
+    walks the trials only (MiniLM: 43 → 3 ms a call, 0.8 s of the pass before)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def activations(model, names: list, samples, lazy: bool = False, threads: int = 1):
+    """:func:`onnxslim_kit.activations.iter_activations` without copying the weights: the
+    session gets the arrays themselves (:class:`SharedWeights`; MiniLM's 88 MB of weights
+    cost ~1.7 s to export and hand over otherwise), no arena, the heap given back after each
+    run. A consumer that drops each dict (or pops the tensors as it uses them) frees them
+    before the next run. ``lazy``: the values are ``OrtValue`` s, made arrays by the
+    consumer one at a time (``.numpy()`` copies: all outputs as arrays at once hold them
+    twice until the run's own buffers go; PP-OCRv4 det with every layer's twin: 124 tensors).
+    ``threads``: see :meth:`SharedWeights.session`."""
+    shared = SharedWeights(model.graph)
+    trial = trial_copy(model)
+    shared.strip(trial.graph)
+    proto = trial.to_proto()
+    add_outputs(proto, names)  # a fresh proto without the shared weights: no copy needed
+    session = shared.session(proto, threads=threads)
+    wanted = list(dict.fromkeys(names))
+    keep = set(wanted)
+    for sample in samples:
+        if lazy:
+            feed = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
+                    for k, v in prepare_feed(session, sample).items()}
+            values = session.run_with_ort_values(wanted, feed)
+            yield dict(zip(wanted, values))
+            del values
+            give_back()
+        else:
+            yield {k: v for k, v in run(session, sample).items() if k in keep}
+    del session
+    give_back()
+
+
+class Scorer:
+    """Scores candidate protos against the reference outputs on fixed samples."""
+
+    def __init__(self, original, samples: list, metric: str, shared: SharedWeights | None = None):
+        self.samples = samples
+        self.metric = metric
+        self.shared = shared
+        session = make_session(original, threads=1)
+        self.reference = [run(session, s) for s in samples]
+        self.names = [n for n, v in self.reference[0].items() if np.asarray(v).dtype.kind == "f"]
+        self.decisions = reference_decisions(original, self.reference)
+        self.rows = [int(np.prod(np.shape(self.reference[0][n])[:-1])) or 1 for n in self.names]
+        self.builds = 0
+        self.runs = 0
+        self.batch = self._stack(samples[1:])
+        if self.batch is not None and not self._batch_agrees(session):
+            self.batch = None
+
+    def _batch_agrees(self, session) -> bool:
+        """Whether the original model run on the batch gives each sample's own outputs (a
+        Reshape to a constant batch of 1, say, would mix or reject samples)."""
+        try:
+            got = run(session, self.batch)
+        except Exception:  # noqa: BLE001 - ORT rejects the batch: score one sample at a time
+            return False
+        for j, ref in enumerate(self.reference[1:]):
+            for name, value in ref.items():
+                part = got.get(name)
+                if part is None or np.ndim(part) == 0 or np.shape(part)[0] != len(self.samples) - 1:
+                    return False
+                scale = float(np.abs(value).max()) if np.size(value) else 0.0
+                if np.shape(part[j:j + 1]) != np.shape(value) or not np.allclose(
+                        part[j:j + 1], value, rtol=1e-4, atol=1e-5 * scale + 1e-12, equal_nan=True):
+                    return False
+        return True
+
+    def head(self, n: int) -> "Scorer":
+        """A scorer on the first ``n`` samples, sharing the reference outputs (no new runs)."""
+        other = object.__new__(Scorer)
+        other.__dict__.update(self.__dict__, samples=self.samples[:n], reference=self.reference[:n], builds=0, runs=0,
+                              batch=self._stack(self.samples[1:n]) if self.batch is not None else None)
+        return other
+
+    @staticmethod
+    def _stack(samples: list) -> dict | None:
+        """``samples`` as one batch (axis 0), when they are small (≤ ``BATCH_BYTES`` each),
+        have batch size 1 and equal shapes; else None."""
+        if len(samples) < 2 or any(s.keys() != samples[0].keys() for s in samples):
+            return None
+        first = samples[0]
+        if sum(np.asarray(v).nbytes for v in first.values()) > BATCH_BYTES or any(
+                np.ndim(v) == 0 or np.shape(v)[0] != 1 or any(np.shape(s[k]) != np.shape(v) for s in samples)
+                for k, v in first.items()):
+            return None
+        return {k: np.concatenate([np.asarray(s[k]) for s in samples]) for k in first}
+
+    def _outputs(self, session, extra: dict | None, batch: bool = True):
+        """``(sample index, outputs)`` in order: the first sample alone (a failing candidate
+        mostly fails there), the others in batched runs of ``BATCH_SAMPLES`` when the model
+        takes any batch size (per-run overhead dominates small models: MiniLM), else one run
+        each."""
+        feed = (lambda s: {**s, **extra}) if extra else (lambda s: s)
+        self.runs += 1
+        yield 0, run(session, feed(self.samples[0]))
+        rest = len(self.samples) - 1
+        if batch and self.batch is not None and all(not isinstance(i.shape[0], int) for i in session.get_inputs()
+                                          if i.name in self.batch and i.shape):
+            for start in range(0, rest, BATCH_SAMPLES):
+                size = min(BATCH_SAMPLES, rest - start)
+                self.runs += 1
+                got = run(session, feed({k: v[start:start + size] for k, v in self.batch.items()}))
+                if not all(np.ndim(v) and np.shape(v)[0] == size for v in got.values()):
+                    break  # the session did not batch: one run per sample for the rest
+                for j in range(size):
+                    yield start + j + 1, {k: v[j:j + 1] for k, v in got.items()}
+            else:
+                return
+            rest_from = start + 1
+        else:
+            rest_from = 1
+        for i in range(rest_from, len(self.samples)):
+            self.runs += 1
+            yield i, run(session, feed(self.samples[i]))
+
+    def __call__(self, proto, stop_below: float | None = None) -> float:
+        """The score of ``proto``; with ``stop_below``, a bound ``< stop_below`` as soon as
+        the samples seen prove the final score would be below it."""
+        self.builds += 1
+        # DynamicQuantizeLinear takes its range over the whole tensor: a batch would change it
+        batch = not any(node.op_type in BATCH_COUPLED for node in proto.graph.node)
+        session = self.shared.session(proto) if self.shared is not None else make_session(proto, threads=1)
+        try:
+            return self.score_session(session, stop_below, batch=batch)
+        finally:
+            del session  # the trial's weights (ORT's copy) go before the next build
+            give_back()
+
+    def score_session(self, session, stop_below: float | None = None, extra: dict | None = None,
+                      batch: bool = True) -> float:
+        """:meth:`__call__` on a ready session; ``extra`` is added to every sample's feed;
+        ``batch=False``: one run per sample even when the samples stack."""
+        state = {n: [] for n in self.names}  # per output: per-sample cos, or (agree, rows)
+        for i, got in self._outputs(session, extra, batch):
+            ref = self.reference[i]
+            for name in self.names:
+                if name in got:
+                    state[name].append(self._sample_score(ref[name], got[name]))
+                    if name in self.decisions:
+                        state.setdefault((name, "decisions"), []).append(
+                            decision_agreement(self.decisions[name], ref[name], got[name]))
+            bound = self._bound(state, len(self.samples) - i - 1)
+            if stop_below is not None and bound < stop_below:
+                return bound
+        return self._bound(state, 0)
+
+    def _sample_score(self, ref, got):
+        if self.metric == "top1":
+            agree = compare(ref, got).top1
+            if agree is not None:
+                return agree, int(np.prod(np.shape(ref)[:-1])) or 1
+        finite = np.isfinite(ref)
+        return fast_cosine(ref, got) if finite.all() else fast_cosine(ref[finite], got[finite])
+
+    def _bound(self, state: dict, remaining: int) -> float:
+        """Upper bound of the final score given the samples seen (exact when none remain)."""
+        scores = []
+        for values in state.values():
+            if not values:
+                continue
+            if isinstance(values[0], tuple) and len(values[0]) == 3:  # (agreeing, counted, rows)
+                extra = remaining * values[0][2]  # at best every remaining row counts and agrees
+                counted = sum(n for _, n, _ in values) + extra
+                scores.append((sum(a for a, _, _ in values) + extra) / counted if counted else 1.0)
+            elif isinstance(values[0], tuple):
+                seen = sum(rows for _, rows in values)
+                total = seen + remaining * values[0][1]
+                scores.append((sum(a * rows for a, rows in values) + remaining * values[0][1]) / total)
+            else:
+                scores.append(min(values))
+        return float(min(scores)) if scores else 1.0
+
+
+def class_axes(model) -> dict:
+    """``{graph output: (axis, flatten)}`` of the outputs made by a Softmax (through
+    ``Identity``): the class axis, and whether the classes are the flattened dims from it on
+    (opset < 13 Softmax coerces its input to 2-D at ``axis``)."""
+    graph = model.graph
+    made_by = {o: n for n in graph.node for o in n.output}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    found = {}
+    for out in graph.output:
+        node = made_by.get(out.name)
+        while node is not None and node.op_type == "Identity":
+            node = made_by.get(node.input[0])
+        if node is None or node.op_type != "Softmax":
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+        found[out.name] = (axis, opset < 13)
+    return found
+
+
+def class_decisions(value, axis: int, flatten: bool):
+    """Argmax over the class axis, one decision per row; None when the classes are too many
+    (or the axis is not there)."""
+    value = np.asarray(value)
+    if not -value.ndim <= axis < value.ndim:
+        return None
+    axis %= value.ndim
+    rows = value.reshape(int(np.prod(value.shape[:axis])), -1) if flatten else np.moveaxis(value, axis, -1)
+    if not 1 < rows.shape[-1] <= DECISION_CLASSES:
+        return None
+    return rows.reshape(-1, rows.shape[-1]).argmax(-1)
+
+
+def reference_decisions(original, reference: list) -> dict:
+    """``{output: (axis, flatten, background class)}`` of the reference outputs judged by
+    their decisions too (:func:`class_axes`); the background is the class the reference
+    decides most often over all samples."""
+    found = {}
+    for name, (axis, flatten) in class_axes(original).items():
+        decided = [class_decisions(ref[name], axis, flatten) for ref in reference if name in ref]
+        if decided and all(d is not None for d in decided):
+            found[name] = (axis, flatten, int(np.bincount(np.concatenate(decided)).argmax()))
+    return found
+
+
+def decision_agreement(spec: tuple, ref, got) -> tuple:
+    """``(agreeing, counted, rows)`` of one sample: the rows where the reference or the
+    candidate decides a class other than the background, how many of those agree, all rows."""
+    axis, flatten, background = spec
+    a, b = class_decisions(ref, axis, flatten), class_decisions(got, axis, flatten)
+    if a is None or b is None or a.shape != b.shape:
+        return 0, 1, 1  # the candidate lost the class axis: a failure
+    counted = (a != background) | (b != background)
+    return int((counted & (a == b)).sum()), int(counted.sum()), int(a.size)
+
+
+def rank_layers(names: list, build_one, rank_score, progress=lambda it, **_: it, local=None,
+                refine: int | None = None, gated=None) -> tuple:
+    """(names most sensitive first, sensitivities): ``local()`` gives local sensitivities
+    (None: every layer alone in int8, ``build_one(name)``, scored end to end by ``rank_score``); with ``local`` and
+    ``refine``, the ``refine`` most locally sensitive are re-scored end to end and put first.
+    ``gated(names) -> {name: sensitivity}`` scores many layers from one session (the layers
+    it leaves out get their own build)."""
+    sens = local() if local is not None else {}
+    order = sorted(names, key=lambda n: -sens.get(n, 0.0))
+    todo = names if local is None else order[: refine or 0]
+    e2e = gated(todo) if gated is not None and todo else {}
+    e2e.update({name: 1.0 - rank_score(build_one(name))
+                for name in progress([n for n in todo if n not in e2e], desc="int8 sensitivity")})
+    head = sorted(e2e, key=lambda n: -e2e[n])
+    return head + [n for n in order if n not in e2e], {**sens, **e2e}
+
+
+def smallest_k(m: int, ok) -> int:
+    """Smallest ``k`` in 1..m with ``ok(k)`` (``ok`` monotone, ``ok(m)`` true): k = 1, 2, 4, …
+    until it holds, then a bisection between the last two."""
+    k_ok, k_bad, k = None, 0, 1
+    while k_ok is None:
+        k = min(k, m)
+        if k == m or ok(k):
+            k_ok = k
+        else:
+            k_bad, k = k, 2 * k
+    while k_ok - k_bad > 1:
+        mid = (k_ok + k_bad) // 2
+        if ok(mid):
+            k_ok = mid
+        else:
+            k_bad = mid
+    return k_ok
+
+
+def choose_fallback(names: list, build, score, target: float, options: dict | None = None,
+                    progress=lambda it, **_: it, log=None, local=None, rank_score=None,
+                    refine: int | None = None, gated=None) -> tuple:
+    """The smallest fallback (most sensitive layers first, deepest first) with ``score ≥ target``.
+
+    ``options``: ``{layer: [rung, …]}``, the fallback rungs of each layer between static int8
+    and float, in order (default none: int8 or float). A layer at *level* ``d`` takes its
+    ``d``-th choice of ``["int8", *rungs, "float"]`` (clipped at float). ``build(assign) ->
+    proto`` with ``assign = {layer: choice}`` (missing: float); ``score(proto, stop_below)``
+    (see :class:`Scorer`). Over the ranking of :func:`rank_layers`:
+
+    1. ``d``: the smallest level that meets the target with *every* layer at it (every layer
+       float meets it exactly: not run);
+    2. for ``level = d, d − 1, …, 1``: the layers not yet fixed are at ``level``; the smallest
+       ``j`` such that the ``j`` most sensitive of them stay there and the others move one
+       level up (towards int8) still meets the target; those ``j`` are fixed.
+
+    Without rungs this is the plain search for the ``k`` most sensitive layers to keep float.
+    Returns (``{layer: choice}``, final score, sensitivities).
+    """
+    rank_score = rank_score or score
+    choices = {n: ["int8", *[r for r in (options or {}).get(n, ()) if r != "float"], "float"] for n in names}
+    n = len(names)
+    full = score(build({name: "int8" for name in names}), target)
+    if full >= target:
+        return {name: "int8" for name in names}, full, {}
+    order, sens = rank_layers(names, lambda name: build({name: "int8"}), rank_score, progress, local, refine, gated)
+    cache = {}
+
+    def assign(levels) -> dict:
+        return {name: choices[name][min(lv, len(choices[name]) - 1)] for name, lv in zip(order, levels)}
+
+    def value(levels) -> float:
+        key = tuple(levels)
+        if key not in cache:
+            chosen = assign(levels)
+            cache[key] = 1.0 if all(c == "float" for c in chosen.values()) else score(build(chosen), target)
+        return cache[key]
+
+    depth = max(len(c) for c in choices.values()) - 1
+    d = next(lv for lv in range(1, depth + 1) if lv == depth or value([lv] * n) >= target)
+    levels, start = [d] * n, 0
+    for level in range(d, 0, -1):
+        def trial(j, level=level, start=start, fixed=tuple(levels)):
+            return list(fixed[:start + j]) + [level - 1] * (n - start - j)
+        if level < d and value(trial(0)) >= target:
+            j = 0
+        else:
+            j = smallest_k(n - start, lambda j, trial=trial: value(trial(j)) >= target) if start < n else 0
+        levels, start = trial(j), start + j
+    chosen = assign(levels)
+    if log:
+        moved = sum(c != "int8" for c in chosen.values())
+        log(f"int8: {moved} of {n} layers off static int8 for the target "
+            f"({sum(c == 'float' for c in chosen.values())} float)")
+    return chosen, value(levels), sens

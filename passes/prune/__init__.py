@@ -1,0 +1,204 @@
+"""``prune`` — remove channels for real: strip what is provably constant, or prune by importance.
+
+Modes (chosen by the options):
+
+* no options — **strip** (lossless): channel units whose values are constant wherever they are
+  read (all-zero filters, possibly with a bias ``b`` → ``f(b)`` after activations) are removed
+  from every tensor of their dependency group; their constant contribution moves into the
+  consumers' biases (:mod:`onnxslim_kit.passes.prune.strip`, :mod:`onnxslim_kit.passes.prune.apply`).
+* ``ratio=r`` — structured pruning. **What ``r`` means** (``alloc=sensitivity``, the default, with
+  ``scope=global`` and no ``max_loss``): the pruned model has lost at least the
+  fraction ``r`` of the *prunable compute* (the MACs of the Conv/Gemm/MatMul channels that can be
+  cut, counted with channel counts rounded up to blocks of ``multiple`` as ONNX Runtime's CPU
+  kernels compute them; with ``cost=latency`` the measured milliseconds of the nodes those channels
+  touch), and at least what the fraction ``r`` of the prunable channel units with the lowest
+  importance carries — whichever is more (the least important channels can sit in the costly
+  layers, then more than ``r`` goes), as far as ``max_ratio``, ``min_channels`` and ``multiple``
+  allow. That budget is spread
+  over the groups by the measured loss of the model's outputs per saved cost and checked against
+  the ranked selection (:mod:`onnxslim_kit.passes.prune.sensitivity`, :mod:`onnxslim_kit.passes.prune.cost`); with ``alloc=rank`` the
+  fraction ``r`` of the prunable units with the lowest importance (``criterion``, default
+  ``obs``, :mod:`onnxslim_kit.passes.prune.importance`; with ``cost=macs`` per unit of compute, with
+  ``cost=latency`` per millisecond of ONNX Runtime time measured node by node,
+  :mod:`onnxslim_kit.passes.prune.latency`) are cut, per group (``scope=layer``) or ranked over the whole model
+  (``scope=global``). Either way at least ``min_channels`` and a multiple of ``multiple`` stay
+  per group, no group is cut by more than ``max_ratio`` nor (``max_loss``) by more than a share
+  of its importance mass (:mod:`onnxslim_kit.passes.prune.ratio`). The removed channels' means move into the
+  consumers' biases, then the consumers are re-fitted by ridge least squares toward their pruned
+  weights against the model before pruning, the ridge strength chosen on held-out calibration
+  samples (``refit``, :mod:`onnxslim_kit.passes.prune.refit`; one teacher run, truncated student runs,
+  :mod:`onnxslim_kit.passes.prune.student`), on ``samples`` calibration samples.
+* ``sparsity=s`` / ``nm=N:M`` — unstructured / N:M magnitude sparsity on Conv/Gemm/MatMul
+  weights (:mod:`onnxslim_kit.passes.prune.sparsity`); the file compresses better, inference is not faster.
+
+Dependency groups (:mod:`onnxslim_kit.passes.prune.groups`) decide what must be cut together; what cannot be
+cut is skipped with the reason counted in the report. ``explain=true`` adds each group's
+description to the notes. Strip always runs first (also with ``ratio``).
+
+Concrete tensor shapes, needed to see through Reshape/Flatten and Resize, come from one
+ONNX Runtime run of the model on the first calibration sample. Only the main graph is
+pruned (convs inside If/Loop bodies are left alone).
+
+Why ``multiple=16`` is the default: ONNX Runtime's CPU convolutions work on blocks of 16
+channels with AVX-512 (8 with AVX2; a multiple of 16 is one of 8 too) — a 3×3 conv 96→24 on
+120×160 takes as long as 96→32 (10.2 ms both), 96→16 takes 5.4 ms — so a channel count between
+two blocks buys nothing: MTCNN-O at ``ratio=0.3`` ran at 0.83 of ``fuse``'s latency with
+``multiple=8`` (MACs 0.56; 24 and 40 channels kept) and 0.59 with 16 (MACs 0.49)
+(``benchmarks/prune_channel_blocks.py``, ``benchmarks/results/prune-2026-11-29-s3.md``).
+
+Why ``obs`` is the default: on the real-looking inputs of ``benchmarks/inputs.py``,
+``prune(ratio=0.3)`` on ppocr_cls_v2 keeps 100% agreement with ``taylor``/``obs`` but flips
+every decision with ``l1``/``l2``/``random`` (magnitude says little about which channels the
+data use; with random calibration data the difference does not show). Between the two, after
+``fuse`` learned its activation rewrites (the float baseline got 10–27 % faster), ``taylor``
+left PP-OCRv4 det at 0.778 of ``fuse``'s latency (cosine 0.9910) and ``obs`` at 0.738
+(0.9915) for the same MACs; ``obs`` also keeps O-Net closer (0.971 vs 0.947), and it is
+≥ 1.3× faster than ``fuse`` on det, rec, ppocr_cls_v2, orientation and O-Net, where
+``taylor`` misses det — orientation is the one it speeds up less (0.671 vs 0.557)
+(``benchmarks/results/prune-2026-11-29-s4-*``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxslim_kit.activations import iter_activations
+from onnxslim_kit.errors import UserError
+from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+
+from onnxslim_kit.passes._common.graph import const_value
+from onnxslim_kit.passes.prune.apply import apply
+from onnxslim_kit.passes.prune.groups import analyse
+from onnxslim_kit.passes.prune.strip import strippable
+
+PRUNABLE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+CRITERIA = ("l1", "l2", "random", "bn_scale", "activation", "taylor", "obs")
+
+
+def concrete_shapes(model, sample: dict) -> dict:
+    """name → shape of every main-graph tensor on ``sample``; ("value", name) → 1-D int values."""
+    graph = model.graph
+    names = [t.name for t in graph.tensors().values()
+             if isinstance(t, gs.Variable) and t.name and not any(t is i for i in graph.inputs)]
+    shapes: dict = {name: tuple(np.shape(sample[name])) for name in sample}
+    for acts in iter_activations(model.to_proto(), names, [sample], threads=1):
+        for name, value in acts.items():
+            shapes[name] = tuple(value.shape)
+            if value.ndim == 1 and value.dtype.kind in "iu" and value.size <= 16:
+                shapes[("value", name)] = value.tolist()
+    for node in graph.nodes:
+        if node.op == "Reshape" and isinstance(node.inputs[1], gs.Constant):
+            shapes[("value", node.inputs[1].name)] = const_value(node.inputs[1]).tolist()
+    return shapes
+
+
+def analyse_model(model, ctx):
+    model.graph.toposort()
+    sample = ctx.feed.take(1)[0]
+    return analyse(model.graph, concrete_shapes(model, sample))
+
+
+def compressed_weight_bytes(model) -> int:
+    """zlib-compressed size (level 6) of all constant tensors of the model."""
+    total = 0
+    for graph in model.all_graphs():
+        for t in graph.tensors().values():
+            if isinstance(t, gs.Constant):
+                total += len(zlib.compress(np.ascontiguousarray(t.values).tobytes(), 6))
+    return total
+
+
+def parse_nm(text: str):
+    """``"2:4"`` → (2, 4); ``""`` → None."""
+    if not text:
+        return None
+    n, sep, m = text.partition(":")
+    if not sep or not n.strip().isdigit() or not m.strip().isdigit() or not 0 < int(n) < int(m):
+        raise UserError(f"prune(nm={text}): expected N:M with 0 < N < M, e.g. 2:4")
+    return int(n), int(m)
+
+
+@register_pass
+class PrunePass(Pass):
+    name = "prune"
+    summary = "remove channels: strip constant ones (lossless), or prune by importance with re-fit"
+    options = {
+        "ratio": Option(float, 0.0, "share of the prunable compute to remove, at least — more where the least "
+                        "important channels carry more (alloc=rank: share of channel units; 0: strip only)"),
+        "criterion": Option(str, "obs", "channel importance", CRITERIA),
+        "cost": Option(str, "none", "divide scores by each channel's MAC or measured-latency share",
+                       ("none", "macs", "latency")),
+        "alloc": Option(str, "sensitivity", "spread the cut over groups by measured output loss per saved cost "
+                        "(scope=global), or by score rank only", ("sensitivity", "rank")),
+        "scope": Option(str, "global", "rank channels over the model or per group", ("global", "layer")),
+        "min_channels": Option(int, 8, "keep at least this many channels per group"),
+        "max_ratio": Option(float, 0.0, "largest fraction of one group to cut (0: min(2·ratio, 0.9))"),
+        "max_loss": Option(float, 0.0, "largest share of a group's importance to cut (0: no limit)"),
+        "multiple": Option(int, 16, "keep channel counts at multiples of this (1: any); also the channel block "
+                           "of the cost model"),
+        "refit": Option(bool, True, "re-solve consumer weights by ridge least squares"),
+        "sparsity": Option(float, 0.0, "unstructured magnitude sparsity of Conv/Gemm/MatMul weights"),
+        "nm": Option(str, "", "N:M sparsity, e.g. 2:4"),
+        "explain": Option(bool, False, "describe every dependency group in the notes"),
+        "samples": Option(int, 16, "calibration samples used for importance and re-fit"),
+        "seed": Option(int, 0, "seed of the random criterion and of position sampling"),
+    }
+
+    def is_lossless(self, options: dict) -> bool:
+        return not options.get("ratio") and not options.get("sparsity") and not options.get("nm")
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        opts = ctx.options
+        nm = parse_nm(opts["nm"])
+        if not 0 <= opts["ratio"] < 1 or not 0 <= opts["sparsity"] < 1:
+            raise UserError("prune: ratio and sparsity must be in [0, 1)")
+        result.metrics["params_before"] = _param_count(model)
+        for sub in list(model.all_graphs())[1:]:
+            result.skip("layer in an If/Loop body (only the main graph is pruned)",
+                        sum(1 for n in sub.nodes if n.op in PRUNABLE_OPS))
+        cg = analyse_model(model, ctx)
+        groups = cg.groups()
+        if opts["explain"]:
+            result.notes.extend(cg.describe(g) for g in groups)
+        blocked = cg.blocked_units()
+        result.metrics["groups"] = len(groups)
+        result.metrics["channel_units"] = len(cg.all_units())
+        result.metrics["blocked_units"] = len(blocked)
+        for reason, count in Counter(_short(r) for r in blocked.values()).items():
+            result.skip(f"unprunable: {reason}", count)
+        units, constants, reasons = strippable(cg)
+        for reason, count in reasons.items():
+            result.skip(_short(reason), count)
+        if units:
+            apply(model, cg, units, constants)
+            result.rewrite("strip constant channel", len(units))
+            model.graph.cleanup(remove_unused_graph_inputs=False)
+        if opts["ratio"] > 0:
+            from onnxslim_kit.passes.prune.ratio import prune_by_ratio
+
+            prune_by_ratio(model, ctx, result, analyse_model)
+        if opts["sparsity"] > 0 or nm:
+            from onnxslim_kit.passes.prune.sparsity import sparsify
+
+            before = compressed_weight_bytes(model)
+            sparsify(model, opts["sparsity"], nm, result)
+            result.metrics["zlib_bytes_before"] = before
+            result.metrics["zlib_bytes_after"] = compressed_weight_bytes(model)
+        result.metrics["params_after"] = _param_count(model)
+        return result
+
+
+def _param_count(model) -> int:
+    model.graph.cleanup(remove_unused_graph_inputs=False)
+    return int(sum(np.size(t.values) for t in model.graph.tensors().values() if isinstance(t, gs.Constant)))
+
+
+def _short(reason: str) -> str:
+    """A reason without the node name in parentheses, so equal reasons count together."""
+    head, sep, _ = reason.rpartition(" (")
+    return head if sep else reason
