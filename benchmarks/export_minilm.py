@@ -106,8 +106,13 @@ def export(cache_dir: str | os.PathLike | None = None, force: bool = False) -> P
 
 
 def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="export all-MiniLM-L6-v2 to ONNX (cached); prints the path")
+    parser.add_argument("--force", action="store_true", help="export again even when the cached file exists")
+    args = parser.parse_args()
     try:
-        print(export(force="--force" in sys.argv[1:]))
+        print(export(force=args.force))
     except ExportUnavailable as exc:
         print(f"skipped: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """Print the README's performance tables from a results JSON written by run_suite.py.
 
-    python benchmarks/readme_tables.py benchmarks/results/2026-11-29.json
+    python benchmarks/readme_tables.py benchmarks/results/2026-11-29-s4.json
 
 Two tables: graph size after the lossless simplifiers (nodes, and whether outputs held), and
 latency / fidelity of every variant (paired median latency ratio vs the original, ORT
@@ -62,10 +62,12 @@ def tables(results: dict) -> str:
 
 
 def main(argv: list) -> int:
-    if len(argv) != 1:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
-        return 2
-    with open(argv[0]) as fh:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("results", help="a results JSON of run_suite.py, e.g. benchmarks/results/2026-11-29-s4.json")
+    args = parser.parse_args(argv)
+    with open(args.results) as fh:
         print(tables(json.load(fh)))
     return 0
 

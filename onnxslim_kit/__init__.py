@@ -5,27 +5,31 @@ Python API::
     import onnxslim_kit
     proto, report = onnxslim_kit.optimize("model.onnx", passes="fuse,prune(ratio=0.3)")
     print(report.table())
+
+Pass authors import from :mod:`onnxslim_kit.api`.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from .calibration import CalibrationFeed, input_specs
-from .errors import SlimError, UserError, VerificationError
+from .errors import PassError, SlimError, UserError, VerificationError
 from .model import Model, load_proto, save_proto
 from .pipeline import Option, Pass, PassContext, PassResult, PassSpec, parse_pass_list, register_pass, run_pipeline
+from .recipe import describe_source, file_sha256, tool_versions
 from .report import Report
 from .specialize import fix_inputs
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "optimize", "Model", "Pass", "PassResult", "PassContext", "Option", "register_pass",
-    "CalibrationFeed", "Report", "SlimError", "UserError", "VerificationError", "save_proto", "load_proto",
+    "CalibrationFeed", "Report", "SlimError", "UserError", "VerificationError", "PassError",
+    "save_proto", "load_proto", "__version__",
 ]
 
 
@@ -42,6 +46,15 @@ def _specs(passes) -> list:
     return specs
 
 
+def _input_hash(model, proto: onnx.ModelProto) -> str | None:
+    if isinstance(model, (str, Path)):
+        return file_sha256(model)
+    try:
+        return hashlib.sha256(proto.SerializeToString()).hexdigest()
+    except ValueError:  # over 2 GB in memory: not hashed
+        return None
+
+
 def optimize(
     model,
     passes="fuse",
@@ -54,6 +67,9 @@ def optimize(
     verify: bool = True,
     strict: bool = False,
     rtol: float = 1e-4,
+    atol: dict | None = None,
+    exclude=None,
+    transform=None,
     verify_samples: int = 4,
     eval_data=None,
     progress=None,
@@ -62,13 +78,22 @@ def optimize(
     """Run ``passes`` on ``model`` (a path or ModelProto); return ``(ModelProto, Report)``.
 
     ``passes``: ``"fuse,prune(ratio=0.3)"`` or a list of such strings or ``(name, {option: value})``.
-    ``calib``: path (.npz/.npy/folder), a list of ``{input: array}`` dicts, or a callable
-    returning an iterable of them; ``None`` generates ``num_samples`` random samples.
+    ``calib``: path (.npz/.npy/folder), a list of ``{input: array}`` dicts, a callable
+    returning an iterable of them, or an ONNX Runtime ``CalibrationDataReader`` (``get_next()``;
+    ``rewind()`` optional); ``None`` generates ``num_samples`` random samples.
+    ``transform``: a function applied to every item of ``calib`` and ``eval_data`` (as
+    ``nncf.Dataset(data, transform_fn)``), returning the ``{input: array}`` dict.
     ``eval_data``: the same kinds of source, used only to verify each pass (held-out samples,
     so the drift of a data-driven pass is not measured on the data it was fitted to).
     ``fixed_inputs``: ``{"sr": 16000}`` — those inputs become constants before the passes run
     (:mod:`.specialize`); the result no longer has them, and it is verified against the original
     with the same values.
+    ``atol``: ``{"output": 1e-3}`` — those outputs are judged lossless by max abs error ≤ atol
+    instead of the relative rule (``rtol``).
+    ``exclude``: a selector text (``"op:Softmax; re:^head/"``) or a list of them: nodes every
+    lossy pass leaves as they are; it must select a node of the input model.
+    ``log``: a callable for the progress lines; by default they go to the
+    ``logging.getLogger("onnxslim_kit")`` logger (INFO; the library installs no handler).
     """
     if isinstance(model, (str, Path)):
         input_path = str(model)
@@ -78,24 +103,33 @@ def optimize(
         proto = model
     else:
         raise UserError(f"optimize() takes a path or an onnx.ModelProto, not {type(model).__name__}")
-    fixed_notes = []
-    if fixed_inputs:
+    input_hash = _input_hash(model, proto)
+    fixed_notes, fixed_texts = [], {k: [str(x) for x in np.ravel(v)] for k, v in (fixed_inputs or {}).items()}
+    if fixed_texts:
         if proto is model:  # the caller's proto is never modified
             proto = onnx.ModelProto()
             proto.CopyFrom(model)
-        fixed_notes = fix_inputs(proto, {k: [str(x) for x in np.ravel(v)] for k, v in fixed_inputs.items()})
+        fixed_notes = fix_inputs(proto, fixed_texts)
     specs = input_specs(proto)
-    feed = CalibrationFeed(specs, calib, input_shapes, num_samples=num_samples, seed=seed)
-    eval_feed = CalibrationFeed(specs, eval_data, input_shapes) if eval_data is not None else None
+    feed = CalibrationFeed(specs, calib, input_shapes, num_samples=num_samples, seed=seed, transform=transform)
+    eval_feed = CalibrationFeed(specs, eval_data, input_shapes, transform=transform) if eval_data is not None else None
     kwargs = {}
     if progress is not None:
         kwargs["progress"] = progress
     if log is not None:
         kwargs["log"] = log
     result, report = run_pipeline(
-        proto, _specs(passes), feed, verify=verify, strict=strict, rtol=rtol,
-        verify_samples=verify_samples, eval_feed=eval_feed, **kwargs,
+        proto, _specs(passes), feed, verify=verify, strict=strict, rtol=rtol, atol=atol, exclude=exclude,
+        seed=seed, verify_samples=verify_samples, eval_feed=eval_feed, **kwargs,
     )
     report.input_path = input_path
+    report.input_sha256 = input_hash
+    report.tool = tool_versions()
+    report.settings = {
+        "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
+        "fixed_inputs": fixed_texts, "num_samples": num_samples, "verify_samples": verify_samples,
+        "verify": verify,
+    }
+    report.sources = {"calib": describe_source(calib), "eval": describe_source(eval_data)}
     report.load_notes[:0] = fixed_notes
     return result, report

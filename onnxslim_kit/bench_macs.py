@@ -112,37 +112,64 @@ def graph_macs(graph: onnx.GraphProto, outer: dict) -> tuple:
     return total, unresolved
 
 
-def node_macs(node: onnx.NodeProto, shapes: dict) -> int | None:
-    """MACs of one node (0 for ops not counted), None when a needed shape is unknown."""
-    if node.domain not in ("", "ai.onnx", "com.microsoft"):
-        return 0
-
+def _shape_of(node: onnx.NodeProto, shapes: dict):
     def shape(index: int, outputs: bool = False):
         names = node.output if outputs else node.input
         return shapes.get(names[index]) if index < len(names) and names[index] else None
 
-    op = node.op_type
+    return shape
+
+
+def _trans_a(node: onnx.NodeProto) -> bool:
+    return any(at.name == "transA" and at.i for at in node.attribute)
+
+
+def _conv_macs(node, shape):
+    y, w = shape(0, outputs=True), shape(CONV[node.op_type])
+    return None if y is None or w is None else math.prod(y) * math.prod(w[1:])
+
+
+def _conv_transpose_macs(node, shape):
+    x, w = shape(0), shape(1)
+    return None if x is None or w is None else math.prod(x) * math.prod(w[1:])
+
+
+def _gemm_macs(node, shape):
+    a, y = shape(0), shape(0, outputs=True)
+    if a is None or y is None or len(a) != 2:
+        return None
+    return math.prod(y) * (a[0] if _trans_a(node) else a[1])
+
+
+def _matmul_macs(node, shape):
+    a, y = shape(MATMUL[node.op_type]), shape(0, outputs=True)
+    if not a or y is None:
+        return None
+    return math.prod(y) * (a[-2] if _trans_a(node) and len(a) > 1 else a[-1])  # transA: FusedMatMul
+
+
+def _rnn_macs(node, shape):
+    x, w, r = shape(0), shape(1), shape(2)
+    if x is None or w is None or r is None or len(x) != 3:
+        return None
+    return x[0] * x[1] * (math.prod(w) + math.prod(r))  # T·B or B·T: the product is the same
+
+
+def _counter(op: str):
     if op in CONV:
-        y, w = shape(0, outputs=True), shape(CONV[op])
-        return None if y is None or w is None else math.prod(y) * math.prod(w[1:])
+        return _conv_macs
     if op == "ConvTranspose":
-        x, w = shape(0), shape(1)
-        return None if x is None or w is None else math.prod(x) * math.prod(w[1:])
+        return _conv_transpose_macs
     if op in ("Gemm", "FusedGemm"):
-        a, y = shape(0), shape(0, outputs=True)
-        if a is None or y is None or len(a) != 2:
-            return None
-        trans_a = any(at.name == "transA" and at.i for at in node.attribute)
-        return math.prod(y) * (a[0] if trans_a else a[1])
+        return _gemm_macs
     if op in MATMUL:
-        a, y = shape(MATMUL[op]), shape(0, outputs=True)
-        if not a or y is None:
-            return None
-        trans_a = any(at.name == "transA" and at.i for at in node.attribute)  # FusedMatMul
-        return math.prod(y) * (a[-2] if trans_a and len(a) > 1 else a[-1])
-    if op in RNN:
-        x, w, r = shape(0), shape(1), shape(2)
-        if x is None or w is None or r is None or len(x) != 3:
-            return None
-        return x[0] * x[1] * (math.prod(w) + math.prod(r))  # T·B or B·T: the product is the same
-    return 0
+        return _matmul_macs
+    return _rnn_macs if op in RNN else None
+
+
+def node_macs(node: onnx.NodeProto, shapes: dict) -> int | None:
+    """MACs of one node (0 for ops not counted), None when a needed shape is unknown."""
+    if node.domain not in ("", "ai.onnx", "com.microsoft"):
+        return 0
+    counter = _counter(node.op_type)
+    return 0 if counter is None else counter(node, _shape_of(node, shapes))

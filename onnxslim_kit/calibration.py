@@ -13,6 +13,13 @@ Sources (``CalibrationFeed(specs, source)``):
 * a folder — every ``.npz``/``.npy`` in it, in sorted name order.
 * a Python sequence of ``{input name: array}`` dicts, or a callable returning an iterable
   of them (called again on each pass over the data).
+* an ONNX Runtime ``CalibrationDataReader`` (any object with ``get_next()`` returning a dict,
+  then ``None`` at the end): with a ``rewind()`` method it is rewound and read again on each
+  pass over the data; without one it is read once into memory (the log says so).
+
+``transform`` (as ``nncf.Dataset(data, transform_fn)``): applied to every item of a given
+source before it is checked, so the source may hold anything (``(image, label)`` pairs, file
+names) and ``transform(item)`` returns the ``{input name: array}`` dict.
 
 Dynamic dimensions are fixed by ``input_shapes`` (``{"x": [1, 3, 224, 224]}``); when not
 given, a leading symbolic dimension is taken as batch 1 and any other as 64.
@@ -20,6 +27,7 @@ given, a leading symbolic dimension is taken as batch 1 and any other as 64.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -28,6 +36,8 @@ import numpy as np
 import onnx
 
 from .errors import UserError
+
+logger = logging.getLogger("onnxslim_kit")
 
 DEFAULT_DYNAMIC_DIM = 64
 DEFAULT_INT_HIGH = 16
@@ -114,6 +124,7 @@ class CalibrationFeed:
         input_shapes: dict | None = None,
         num_samples: int = 8,
         seed: int = 0,
+        transform: Callable | None = None,
     ):
         self.specs = list(specs)
         self.input_shapes = dict(input_shapes or {})
@@ -132,6 +143,11 @@ class CalibrationFeed:
         self.num_samples = num_samples
         self.seed = seed
         self.generated = source is None
+        if transform is not None and source is None:
+            raise UserError("transform= needs a data source (calib=...) to transform")
+        if transform is not None and not callable(transform):
+            raise UserError(f"transform= must be a function of one sample, not {type(transform).__name__}")
+        self.transform = transform
         self._factory = self._make_factory(source)
 
     # --- public ------------------------------------------------------------------
@@ -162,16 +178,53 @@ class CalibrationFeed:
     def _make_factory(self, source) -> Callable[[], Iterable[dict]]:
         if source is None:
             return self._generated
+        if callable(getattr(source, "get_next", None)):
+            return self._reader_factory(source)
         if callable(source):
-            return lambda: (self._checked(s) for s in source())
+            return lambda: (self._item(s) for s in source())
         if isinstance(source, (str, Path)):
-            samples = self._load_path(Path(source))
+            samples = [self._transformed(s) for s in self._load_path(Path(source))]
             return lambda: iter(samples)
-        if isinstance(source, dict):
+        if isinstance(source, dict) and self.transform is None:
             samples = self._split(source, "calibration dict")
             return lambda: iter(samples)
-        samples = [self._checked(s) for s in source]
+        try:
+            items = iter(source)
+        except TypeError:
+            raise UserError(
+                f"calibration data: a {type(source).__name__} is not a source; give a path, a list of "
+                "{input: array} dicts, a function returning them, or an object with get_next()"
+            ) from None
+        samples = [self._item(s) for s in items]
         return lambda: iter(samples)
+
+    def _reader_factory(self, reader) -> Callable[[], Iterable[dict]]:
+        """An ONNX Runtime ``CalibrationDataReader``: ``get_next()`` until ``None``."""
+        def read() -> Iterator[dict]:
+            while (item := reader.get_next()) is not None:
+                yield self._item(item)
+
+        rewind = getattr(reader, "rewind", None)
+        if callable(rewind):
+            def again() -> Iterator[dict]:
+                rewind()
+                return read()
+            return again
+        samples = list(read())
+        logger.info(f"calibration reader {type(reader).__name__} has no rewind(): "
+                    f"its {len(samples)} samples were read once into memory")
+        return lambda: iter(samples)
+
+    def _item(self, item) -> dict:
+        if self.transform is not None:
+            item = self.transform(item)
+        if not isinstance(item, dict):
+            raise UserError(f"calibration sample: expected a dict of input name → array, got {type(item).__name__}"
+                            + ("" if self.transform is None else " from transform"))
+        return self._checked(item)
+
+    def _transformed(self, sample: dict) -> dict:
+        return sample if self.transform is None else self._item(sample)
 
     def _generated(self) -> Iterator[dict]:
         rng = np.random.default_rng(self.seed)

@@ -32,3 +32,10 @@ class VerificationError(SlimError):
     """A pass changed the outputs beyond tolerance and ``--strict`` was given."""
 
     exit_code = EXIT_VERIFY_FAILED
+
+
+class PassError(SlimError):
+    """A pass raised an unexpected exception (a bug in that pass); the message names the pass
+    and the passes that ran before it. The original exception is its ``__cause__``."""
+
+    exit_code = EXIT_INTERNAL

@@ -96,3 +96,13 @@ def merge(drifts: list) -> Drift:
         equal=worst([d.equal for d in drifts], min),
         nonfinite_mismatch=any(d.nonfinite_mismatch for d in drifts),
     )
+
+
+def within_atol(drift: Drift, atol: float) -> bool:
+    """The per-output criterion (``--atol OUT:1e-3``, as Polygraphy): max |a − b| ≤ atol,
+    non-finite values in the same places, integer outputs equal."""
+    if drift.nonfinite_mismatch:
+        return False
+    if drift.equal is not None:
+        return drift.equal == 1.0
+    return drift.max_abs <= atol

@@ -1,136 +1,58 @@
-"""Passes, their results, the registry, and the loop that runs them with verification.
+"""The pass list and the loop that runs it with verification.
 
-A pass is a class with a ``name`` (its registry key, file name and CLI word), declared
-``options``, and ``run(model, ctx) -> PassResult``. The pass edits ``model.graph``; the
-pipeline then
+``--passes "fuse,prune(ratio=0.3),int8"`` is parsed into :class:`PassSpec` s
+(:func:`parse_pass_list`), then :func:`resolve` d against the registry: every pass name and
+every option of every pass is checked — option texts converted, parse hooks run — before any
+pass runs. For each pass the pipeline then
 
-1. calls ``model.commit()`` (dead-code removal, topological order),
-2. verifies the result (onnx checker, ONNX Runtime with its own optimisations off, on the
+1. runs it (``pass.run(model, ctx) -> PassResult``; an exception of the pass becomes a
+   :class:`.errors.PassError` naming it and the passes before it — user errors, verification
+   errors and ``KeyboardInterrupt`` pass through unchanged; a result that is not a
+   :class:`PassResult` is an internal error of that pass too),
+2. calls ``model.commit()`` (dead-code removal, topological order),
+3. verifies the result (onnx checker, ONNX Runtime with its own optimisations off, on the
    sample inputs): a lossy pass against the *original* model, a lossless one against the
    model the last lossy pass left (the original when none ran),
-3. for a lossless pass whose outputs moved beyond tolerance: restores the model from before
+4. for a lossless pass whose outputs moved beyond tolerance: restores the model from before
    the pass, records it, and under ``strict`` raises :class:`VerificationError`;
    for a lossy pass: records the drift (cosine, max abs, top-1 agreement).
 
-"Does not apply" is never an exception: passes count reasons with :meth:`PassResult.skip`.
+The global exclusion (``--exclude``, a :class:`.selection.Selector`) must select at least one
+node of the input model (checked before any pass runs); passes get it as ``ctx.exclude``.
+
+The pass-author names (``Option``, ``Pass``, ``PassResult``, ``PassContext``,
+``register_pass``, ``available_passes``) are re-exported here for older imports; new code
+imports them from :mod:`onnxslim_kit.api`.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import time
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import onnx
 
-from .errors import UserError, VerificationError
+from .errors import PassError, SlimError, UserError, VerificationError
 from .model import Model, drop_new_value_info
+from .pass_base import Option, Pass, PassContext, PassResult
+from .registry import available_passes, clear_cache, register_pass
 from .report import PassReport, Report, model_stats
 from .runtime import give_back
 from .verify import Verifier
 
+__all__ = [
+    "Option", "Pass", "PassContext", "PassResult", "PassSpec", "available_passes", "clear_cache",
+    "parse_exclude", "parse_pass_list", "register_pass", "resolve", "run_pipeline",
+]
 
-@dataclass(frozen=True)
-class Option:
-    """A declared pass option: type, default, one-line help, optional choices."""
-
-    type: type
-    default: Any
-    help: str
-    choices: tuple | None = None
-
-    def parse(self, text: Any, where: str) -> Any:
-        if not isinstance(text, str):
-            value = text
-        elif self.type is bool:
-            lowered = text.strip().lower()
-            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise UserError(f"{where}: expected true/false, got {text!r}")
-            value = lowered in ("1", "true", "yes", "on")
-        else:
-            try:
-                value = self.type(text)
-            except ValueError:
-                raise UserError(f"{where}: expected {self.type.__name__}, got {text!r}") from None
-        if self.choices is not None and value not in self.choices:
-            raise UserError(f"{where}: {value!r} is not one of {', '.join(map(str, self.choices))}")
-        return value
+logger = logging.getLogger("onnxslim_kit")
 
 
-@dataclass
-class PassResult:
-    """What a pass did, in numbers. ``rewrites``/``skipped`` map a short label to a count."""
-
-    modified: bool = False
-    rewrites: Counter = field(default_factory=Counter)
-    skipped: Counter = field(default_factory=Counter)
-    notes: list = field(default_factory=list)
-    metrics: dict = field(default_factory=dict)
-
-    def rewrite(self, label: str, count: int = 1) -> None:
-        if count:
-            self.rewrites[label] += count
-            self.modified = True
-
-    def skip(self, reason: str, count: int = 1) -> None:
-        if count:
-            self.skipped[reason] += count
-
-
-@dataclass
-class PassContext:
-    """What a pass may use besides the model: its options, the data feed, the original model."""
-
-    options: dict
-    feed: Any  # calibration.CalibrationFeed
-    original: onnx.ModelProto
-    progress: Callable[..., Iterable] = lambda it, **_: it
-    log: Callable[[str], None] = lambda _msg: None
-
-
-class Pass:
-    """Base class. Subclasses set ``name``, ``summary``, ``lossless``, ``options`` and ``run``."""
-
-    name: str = ""
-    summary: str = ""
-    lossless: bool = True
-    options: dict = {}
-
-    def is_lossless(self, options: dict) -> bool:
-        """Whether the pass, with these options, must leave the outputs unchanged."""
-        return self.lossless
-
-    def run(self, model: Model, ctx: PassContext) -> PassResult:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-
-# --- registry ---------------------------------------------------------------------------
-
-_REGISTRY: dict = {}
-
-
-def register_pass(cls):
-    """Class decorator: make a pass available under ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def available_passes() -> dict:
-    """All passes: the built-in ones and those of the ``onnxslim_kit.passes`` entry-point group."""
-    from importlib import import_module
-    from importlib.metadata import entry_points
-
-    from .passes import BUILTIN_PASSES
-
-    for module in BUILTIN_PASSES:
-        import_module(f"onnxslim_kit.passes.{module}")
-    for ep in entry_points(group="onnxslim_kit.passes"):
-        register_pass(ep.load())
-    return dict(sorted(_REGISTRY.items()))
+def _log_info(message: str) -> None:
+    logger.info(message)
 
 
 # --- parsing "fuse,prune(ratio=0.3,criterion=l1),int8" ------------------------------------
@@ -141,10 +63,8 @@ class PassSpec:
     options: dict
 
 
-def parse_pass_list(text: str) -> list:
-    """Split ``a,b(k=v,k2=v2),c`` into specs (option values still strings)."""
-    specs, depth, start = [], 0, 0
-    pieces = []
+def _split_passes(text: str) -> list:
+    depth, start, pieces = 0, 0, []
     for i, ch in enumerate(text):
         if ch == "(":
             depth += 1
@@ -158,7 +78,13 @@ def parse_pass_list(text: str) -> list:
     if depth != 0:
         raise UserError(f"--passes: unbalanced '(' in {text!r}")
     pieces.append(text[start:])
-    for piece in pieces:
+    return pieces
+
+
+def parse_pass_list(text: str) -> list:
+    """Split ``a,b(k=v,k2=v2),c`` into specs (option values still strings)."""
+    specs = []
+    for piece in _split_passes(text):
         piece = piece.strip()
         if not piece:
             continue
@@ -190,25 +116,81 @@ def _split_top_level(text: str) -> list:
     return [item for item in (x.strip() for x in items) if item]
 
 
+def _unknown_option(cls, name: str, key: str) -> UserError:
+    known = ", ".join(cls.options) or "none"
+    message = f"pass {name!r} has no option {key!r}; its options: {known}"
+    instead = (getattr(cls, "renamed", None) or {}).get(key)
+    if instead:
+        message += f"; renamed: use {instead}"
+    return UserError(message)
+
+
 def resolve(specs: list) -> list:
-    """Turn specs into (pass instance, validated options); unknown names/options are UserErrors."""
+    """Turn specs into (pass instance, validated options), defaults filled in; unknown names
+    and options, and option values their type or parse hook refuses, are UserErrors."""
     registry = available_passes()
     resolved = []
     for spec in specs:
         if spec.name not in registry:
             raise UserError(f"unknown pass {spec.name!r}; available: {', '.join(registry)}")
-        instance = registry[spec.name]()
-        options = {key: opt.default for key, opt in instance.options.items()}
-        for key, value in spec.options.items():
-            if key not in instance.options:
-                known = ", ".join(instance.options) or "none"
-                raise UserError(f"pass {spec.name!r} has no option {key!r}; its options: {known}")
-            options[key] = instance.options[key].parse(value, f"{spec.name}({key}=...)")
-        resolved.append((instance, options))
+        cls = registry[spec.name]
+        for key in spec.options:
+            if key not in cls.options:
+                raise _unknown_option(cls, spec.name, key)
+        options = {}
+        for key, opt in cls.options.items():
+            where = f"{spec.name}({key}=...)"
+            options[key] = opt.convert(spec.options[key], where) if key in spec.options else opt.default_value(where)
+        resolved.append((cls(), options))
     return resolved
 
 
+def parse_exclude(exclude):
+    """The global exclusion as one :class:`.selection.Selector`: from None, a selector text, a
+    list of texts (``--exclude`` given several times: their union) or a Selector."""
+    from .selection import Selector
+
+    if exclude is None:
+        return Selector.EMPTY
+    if isinstance(exclude, Selector):
+        return exclude
+    texts = [exclude] if isinstance(exclude, str) else list(exclude)
+    selector = Selector.EMPTY
+    for text in texts:
+        selector = selector | (text if isinstance(text, Selector) else Selector.parse(str(text), where="--exclude"))
+    return selector
+
+
+def _check_atol(atol: dict, original: onnx.ModelProto) -> dict:
+    outputs = [o.name for o in original.graph.output]
+    for name in atol:
+        if name not in outputs:
+            raise UserError(f"--atol: the model has no output {name!r}; its outputs: {', '.join(outputs)}")
+    return {name: float(value) for name, value in atol.items()}
+
+
 # --- the run loop -----------------------------------------------------------------------
+
+def _run_pass(instance, model: Model, ctx: PassContext, done: list) -> PassResult:
+    """``instance.run`` with its failures named: a bug in a pass says which pass."""
+    after = f" (after {', '.join(done)})" if done else ""
+    try:
+        result = instance.run(model, ctx)
+    except (SlimError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the pass named
+        raise PassError(f"internal error in pass {instance.name!r}{after}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(result, PassResult):
+        raise PassError(f"internal error in pass {instance.name!r}{after}: run() returned "
+                        f"{type(result).__name__}, not a PassResult")
+    return result
+
+
+def _verified_on(feed, held_out: bool) -> str:
+    if held_out:
+        return "held-out evaluation samples"
+    return "generated random samples" if getattr(feed, "generated", False) else "calibration samples"
+
 
 def run_pipeline(
     original: onnx.ModelProto,
@@ -218,33 +200,49 @@ def run_pipeline(
     verify: bool = True,
     strict: bool = False,
     rtol: float = 1e-4,
+    atol: dict | None = None,
+    exclude=None,
+    seed: int = 0,
     verify_samples: int = 4,
     eval_feed=None,
     progress: Callable[..., Iterable] = lambda it, **_: it,
-    log: Callable[[str], None] = lambda _msg: None,
+    log: Callable[[str], None] = _log_info,
 ) -> tuple:
-    """Run the passes in order on ``original``; return (optimised ModelProto, Report)."""
+    """Run the passes in order on ``original``; return (optimised ModelProto, Report).
+
+    ``atol``: ``{output: tolerance}`` — those outputs are judged lossless by max abs error ≤
+    tolerance instead of the relative rule. ``exclude``: see :func:`parse_exclude`."""
     resolved = resolve(specs)
+    atol = _check_atol(atol or {}, original)
+    selector = parse_exclude(exclude)
+    if selector:
+        selector.select(original.graph, where="--exclude", must_match=True)
     model = Model.from_proto(original)
     report = Report(load_notes=list(model.load_notes))
+    report.pass_list = [{"name": instance.name, "options": dict(options)} for instance, options in resolved]
+    report.seed = seed
+    report.exclude = str(selector) if selector else None
+    report.atol = dict(atol)
+    report.rtol = rtol
     held_out = eval_feed is not None
-    verifier = Verifier(original, (eval_feed if held_out else feed).take(verify_samples), rtol=rtol) if verify else None
-    if held_out:
-        report.verified_on = "held-out evaluation samples"
-    else:
-        report.verified_on = "generated random samples" if getattr(feed, "generated", False) else "calibration samples"
+    verifier = (Verifier(original, (eval_feed if held_out else feed).take(verify_samples), rtol=rtol, atol=atol)
+                if verify else None)
+    report.verified_on = _verified_on(feed, held_out)
     if verifier is not None:
         report.original_check = verifier.original_check
     good_stats = report.before = model_stats(original)
     big = good_stats["bytes"] >= COLLECT_MIN_BYTES
     final = original  # the proto returned: the original itself until a pass is accepted
+    done = []
     for index, (instance, options) in enumerate(resolved):
         lossless = instance.is_lossless(options)
         log(f"{instance.name}: running")
         snapshot = model.snapshot()  # for a rollback; shares the constants' arrays (never mutated)
         start = time.perf_counter()
-        ctx = PassContext(options=options, feed=feed, original=original, progress=progress, log=log)
-        result = instance.run(model, ctx)
+        ctx = PassContext(options=options, feed=feed, original=original, progress=progress, log=log,
+                          exclude=selector, seed=seed)
+        result = _run_pass(instance, model, ctx, done)
+        done.append(instance.name)
         model.commit()
         elapsed = time.perf_counter() - start
         release(big)  # what the pass dropped (trial graphs are cycles), before the verification session

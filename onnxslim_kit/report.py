@@ -67,6 +67,17 @@ class Report:
     verified_on: str = "calibration samples"
     input_path: str | None = None
     output_path: str | None = None
+    # what a replay (``--recipe``) needs: see :mod:`.recipe`
+    tool: dict = field(default_factory=dict)  # versions: onnxslim_kit, onnx, onnxruntime, ...
+    argv: list | None = None  # the command line, when run from it
+    input_sha256: str | None = None
+    seed: int = 0
+    pass_list: list = field(default_factory=list)  # [{"name", "options"}] resolved, defaults filled in
+    exclude: str | None = None
+    rtol: float = 1e-4
+    atol: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)  # input shapes, fixed inputs, sample counts, verify
+    sources: dict = field(default_factory=dict)  # calib / eval: what was given
 
     @property
     def ok(self) -> bool:
@@ -75,6 +86,10 @@ class Report:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["ok"] = self.ok
+        # option values as written (a parse hook's value, e.g. a selector, by its canonical text)
+        for entry, original in zip(data["passes"], self.passes):
+            entry["options"] = json_value(original.options)
+        data["pass_list"] = json_value(self.pass_list)
         return data
 
     def to_json(self) -> str:
@@ -82,6 +97,20 @@ class Report:
 
     def table(self) -> str:
         return render_table(self)
+
+
+def json_value(value):
+    """``value`` with everything JSON cannot hold as itself written as ``str(value)`` (option
+    values a parse hook made: their text form is what the hook reads back)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return str(value)
 
 
 def _json_default(value):
@@ -139,7 +168,7 @@ def _op_changes(before: dict, after: dict, limit: int = 6) -> str:
     return text + (", …" if len(changes) > limit else "")
 
 
-def render_table(report: Report) -> str:
+def _summary_rows(report: Report) -> list:
     rows = [("pass", "nodes", "params", "size", "time", "verification")]
     b = report.before
     rows.append(("(input)", str(b.get("nodes", "")), f"{b.get('params', 0):,}", _size(b.get("bytes", 0)), "", ""))
@@ -155,21 +184,26 @@ def render_table(report: Report) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    for p in report.passes:
-        details = []
-        if p.rewrites:
-            details.append("rewrites: " + ", ".join(f"{k} ×{v}" for k, v in sorted(p.rewrites.items())))
-        if p.skipped:
-            details.append("skipped: " + ", ".join(f"{k} ×{v}" for k, v in sorted(p.skipped.items())))
-        ops = _op_changes(p.before, p.after)
-        if ops:
-            details.append("ops: " + ops)
-        details.extend(p.notes)
-        if p.modified and (p.verification or {}).get("status") == "unverified":
-            details.append(f"not verified, only the onnx checker ran: {p.verification['message']}")
-        if details:
-            lines.append(f"{p.name}:")
-            lines.extend(f"  {d}" for d in details)
+    return lines
+
+
+def _pass_details(p: PassReport) -> list:
+    details = []
+    if p.rewrites:
+        details.append("rewrites: " + ", ".join(f"{k} ×{v}" for k, v in sorted(p.rewrites.items())))
+    if p.skipped:
+        details.append("skipped: " + ", ".join(f"{k} ×{v}" for k, v in sorted(p.skipped.items())))
+    ops = _op_changes(p.before, p.after)
+    if ops:
+        details.append("ops: " + ops)
+    details.extend(p.notes)
+    if p.modified and (p.verification or {}).get("status") == "unverified":
+        details.append(f"not verified, only the onnx checker ran: {p.verification['message']}")
+    return [f"{p.name}:"] + [f"  {d}" for d in details] if details else []
+
+
+def _closing_notes(report: Report) -> list:
+    lines = []
     lossy = [p.name for p in report.passes if p.modified and not p.lossless]
     if lossy and report.verified_on == "calibration samples":
         lines.append(f"note: drift of {', '.join(lossy)} measured on the calibration samples the passes saw; "
@@ -178,8 +212,15 @@ def render_table(report: Report) -> str:
         lines.append(f"note: {', '.join(lossy)} calibrated and verified on generated random inputs, which say "
                      "little about accuracy on real data (top-1 of a classifier least of all); "
                      "pass --calib and --eval with real samples")
-    for note in report.load_notes:
-        lines.append(f"load: {note}")
+    lines.extend(f"load: {note}" for note in report.load_notes)
     if report.original_check:
         lines.append(f"note: the original model fails the onnx checker ({report.original_check})")
+    return lines
+
+
+def render_table(report: Report) -> str:
+    lines = _summary_rows(report)
+    for p in report.passes:
+        lines.extend(_pass_details(p))
+    lines.extend(_closing_notes(report))
     return "\n".join(lines)

@@ -6,7 +6,9 @@ Two checks, in order:
    too (some exporters write models the checker rejects but ONNX Runtime runs).
 2. ONNX Runtime, all of its own graph optimisations disabled (so its fusions cannot hide or
    cause a difference), original vs candidate on the same sample inputs; per output the
-   worst :class:`~onnxslim_kit.metrics.Drift` over the samples.
+   worst :class:`~onnxslim_kit.metrics.Drift` over the samples. A lossless pass must keep
+   every output within ``max|a−b| ≤ 1e-6 + rtol·max|a|``, or, for an output given a
+   per-output absolute tolerance (``--atol OUT:1e-3``, as Polygraphy), ``max|a−b| ≤ atol``.
 
 Statuses: ``ok`` (within tolerance), ``drift`` (lossy pass, numbers recorded),
 ``failed`` (lossless pass beyond tolerance), ``invalid`` (checker or ONNX Runtime rejects the
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from .errors import UserError
-from .metrics import compare, merge, within_tolerance
+from .metrics import compare, merge, within_atol, within_tolerance
 from .model import Model, needs_external_data
 from .runtime import give_back, make_session, run
 from .streaming import checker_view
@@ -78,9 +80,10 @@ class Verifier:
     none ran): ``fp16,compact`` must show ``compact`` changed nothing, not fail it for the
     drift ``fp16`` already made."""
 
-    def __init__(self, original: onnx.ModelProto, samples: list, rtol: float = 1e-4):
+    def __init__(self, original: onnx.ModelProto, samples: list, rtol: float = 1e-4, atol: dict | None = None):
         self.samples = samples
         self.rtol = rtol
+        self.atol = dict(atol or {})  # output name -> absolute tolerance (instead of rtol)
         self.original_check = checker_error(original)
         self.reference, self.runtime_error = None, None
         self.accepted = self._last = None  # outputs of the last accepted / last checked model
@@ -131,10 +134,15 @@ class Verifier:
                 return Check("invalid", message=f"output {name!r} disappeared")
             drift = merge([compare(ref[name], res[name]) for ref, res in zip(reference, results)])
             outputs[name] = drift.to_dict()
-            ok = ok and within_tolerance(drift, self.rtol)
+            ok = ok and self._within(name, drift)
         self._last = results
         against = "original" if reference is self.reference else "previous"
         return Check("ok" if ok else "failed" if lossless else "drift", outputs, against=against)
+
+    def _within(self, name: str, drift) -> bool:
+        if name in self.atol:
+            return within_atol(drift, self.atol[name])
+        return within_tolerance(drift, self.rtol)
 
     def accept(self, lossless: bool) -> None:
         """The model last checked was accepted. After a lossy pass later lossless passes are

@@ -1,19 +1,8 @@
-"""Built-in passes, one module each; the module name is the pass name and CLI word.
+"""Built-in passes, one module or package each; its name is the pass name and CLI word.
 
-Registration is explicit: :func:`onnxslim_kit.pipeline.available_passes` imports the
-modules listed here (each decorates its class with ``@register_pass``). Modules whose name
-starts with ``_`` are shared helpers, not passes. Third-party passes register through the
-``onnxslim_kit.passes`` entry-point group instead.
+Discovery is by name, not by a list: :func:`onnxslim_kit.registry.available_passes` imports
+every module and package here whose name does not start with ``_`` (each decorates its class
+with ``@register_pass``), so adding a pass is adding one folder (see ``docs/adding-a-pass.md``).
+Names starting with ``_`` are shared helpers (``_common``, ``_quant``), not passes.
+Third-party passes register through the ``onnxslim_kit.passes`` entry-point group instead.
 """
-
-BUILTIN_PASSES = [
-    "cluster",
-    "svd",
-    "fuse",
-    "prune",
-    "int8",
-    "dynamic",
-    "fp16",
-    "int4",
-    "compact",
-]

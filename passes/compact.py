@@ -25,7 +25,7 @@ import string
 from collections import Counter
 
 from onnxslim_kit.errors import UserError
-from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, register_pass
 
 NODE_NAMES = ("short", "drop", "keep")
 _FIRST = string.ascii_lowercase

@@ -17,15 +17,19 @@ Runtime's CPU ConvInteger is slow (3–7× slower than float on conv nets, measu
 by default.
 
 Conditions: weight a float constant, activation a float tensor, main graph or subgraph alike
-(no calibration is needed); weights with fewer than ``min_weights`` elements are left float.
-Models already quantized pass through untouched.
+(no calibration is needed); weights with fewer than ``min_weights`` elements are left float;
+the node is not selected by ``exclude=`` (a :mod:`onnxslim_kit.selection` selector, which
+must match a node; ``NAME`` / ``re:`` / ``op:`` / ``all`` reach If/Loop bodies too,
+``first`` / ``last`` count in the main graph) nor by the global ``--exclude``. Models already
+quantized pass through untouched.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes._common.graph import attr, const_value, is_onnx_op
 from onnxslim_kit.passes._quant.dynamic import dynamic_matmul, integer_op, rescale
@@ -41,7 +45,10 @@ class DynamicPass(Pass):
         "per_channel": Option(bool, True, "per-output-column weight scales"),
         "conv": Option(bool, False, "also Conv via ConvInteger (slow on ORT's CPU provider)"),
         "min_weights": Option(int, 1024, "leave weights with fewer elements float"),
+        "exclude": Option(str, "", "leave these nodes float (a selector: NAME;re:REGEX;op:TYPE;first:TYPE:N;"
+                          "last:TYPE:N;all); the global --exclude too", parse=Selector.parse),
     }
+    TARGETS = ("MatMul", "Gemm", "Conv")
 
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
@@ -55,9 +62,13 @@ class DynamicPass(Pass):
         if opts["conv"]:
             result.notes.append("conv=true: ConvInteger runs slowly on ONNX Runtime's CPU provider "
                                 "(often several times slower than float); prefer int8 for conv nets")
-        for graph in list(model.all_graphs()):
+        graphs = list(model.all_graphs())
+        excluded = self._excluded(graphs, ctx)
+        for graph in graphs:
             for node in list(graph.nodes):
-                if is_onnx_op(node, "MatMul", "Gemm"):
+                if id(node) in excluded and is_onnx_op(node, *self.TARGETS):
+                    result.skip(excluded[id(node)])
+                elif is_onnx_op(node, "MatMul", "Gemm"):
                     self._matmul(model, graph, node, opts, result)
                 elif is_onnx_op(node, "Conv"):
                     if opts["conv"]:
@@ -65,6 +76,15 @@ class DynamicPass(Pass):
                     else:
                         result.skip("Conv left float (conv=false; ConvInteger is slow on CPU)")
         return result
+
+    @staticmethod
+    def _excluded(graphs: list, ctx) -> dict:
+        """``{id(node): skip reason}`` of the nodes ``exclude=`` or the global ``--exclude`` select."""
+        own = Selector.coerce(ctx.options["exclude"], "dynamic(exclude=...)")
+        glob = getattr(ctx, "exclude", Selector.EMPTY) or Selector.EMPTY
+        out = {id(n): "excluded by --exclude" for n in glob.nodes_in(graphs, "--exclude", must_match=False)}
+        out.update({id(n): "excluded by exclude" for n in own.nodes_in(graphs, "dynamic(exclude=...)")})
+        return out
 
     # --- MatMul / Gemm --------------------------------------------------------------------
     def _matmul(self, model, graph, node, opts, result) -> None:

@@ -26,6 +26,7 @@ import onnx_graphsurgeon as gs
 from onnxslim_kit.activations import iter_activations
 
 from onnxslim_kit.passes._common.graph import const_value, exclusive_constant, is_onnx_op
+from onnxslim_kit.passes._common.match import NOT_CONCERNED, MatchResult
 
 FLOAT_KINDS = (np.float16, np.float32, np.float64)
 
@@ -61,14 +62,22 @@ class Layer:
         return self.matrix.shape[1]
 
 
-def match(node: gs.Node, graph: gs.Graph, main: gs.Graph) -> Layer | str | None:
-    """A :class:`Layer`, a reason it does not apply, or None for nodes that are not candidates."""
+def match_layer(node: gs.Node, graph: gs.Graph, main: gs.Graph) -> MatchResult:
+    """Payload a :class:`Layer`; a failed match with the reason it does not apply, or with an
+    empty reason for nodes that are not candidates."""
     if not is_onnx_op(node, "MatMul", "Gemm", "Conv") or len(node.inputs) < 2:
-        return None
+        return NOT_CONCERNED
     x, weight = node.inputs[0], node.inputs[1]
     values = const_value(weight)
     if values is None:
-        return "constant on the left" if node.op == "MatMul" and isinstance(x, gs.Constant) else None
+        return MatchResult.fail("constant on the left" if node.op == "MatMul" and isinstance(x, gs.Constant) else "")
+    found = _layer_problem(node, graph, main, x, weight, values)
+    if found is None:
+        found = _LAYER_KINDS[node.op](node, graph, values)
+    return MatchResult.fail(found) if isinstance(found, str) else MatchResult.of(found)
+
+
+def _layer_problem(node, graph, main, x, weight, values) -> str | None:
     if values.dtype not in FLOAT_KINDS:
         return "weight is not float"
     if isinstance(x, gs.Constant):
@@ -77,21 +86,43 @@ def match(node: gs.Node, graph: gs.Graph, main: gs.Graph) -> Layer | str | None:
         return "shared weight"
     if graph is not main:
         return "inside a subgraph"
-    if node.op == "MatMul":
-        if values.ndim == 3:
-            return Layer(node, graph, "batched", values[0], heads=values.shape[0])
-        if values.ndim != 2:
-            return "weight is not 2-D or 3-D"
-        return Layer(node, graph, "matmul", values)
-    if node.op == "Gemm":
-        if node.attrs.get("transA", 0):
-            return "Gemm with transA"
-        return Layer(node, graph, "gemm", values.T if node.attrs.get("transB", 0) else values)
+    return None
+
+
+def _matmul_layer(node, graph, values):
+    if values.ndim == 3:
+        return Layer(node, graph, "batched", values[0], heads=values.shape[0])
+    if values.ndim != 2:
+        return "weight is not 2-D or 3-D"
+    return Layer(node, graph, "matmul", values)
+
+
+def _gemm_layer(node, graph, values):
+    if node.attrs.get("transA", 0):
+        return "Gemm with transA"
+    return Layer(node, graph, "gemm", values.T if node.attrs.get("transB", 0) else values)
+
+
+def _conv_layer(node, graph, values):
     if values.ndim != 4:
         return "conv is not 2-D"
     if node.attrs.get("group", 1) != 1:
         return "grouped conv"
     return Layer(node, graph, "conv", values.reshape(values.shape[0], -1).T)
+
+
+_LAYER_KINDS = {"MatMul": _matmul_layer, "Gemm": _gemm_layer, "Conv": _conv_layer}
+
+
+def match(node: gs.Node, graph: gs.Graph, main: gs.Graph) -> Layer | str | None:
+    """:func:`match_layer` in the older form: a :class:`Layer`, a reason, or None (not a candidate).
+
+    Kept for callers not yet moved to :func:`match_layer`; new code uses that.
+    """
+    found = match_layer(node, graph, main)
+    if found.ok:
+        return found.value
+    return found.reason or None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,22 @@
 tensor). ONNX Runtime fuses this pattern into DynamicQuantizeMatMul. The activation range is
 the tensor's own min/max at every run (uint8, asymmetric), so no calibration is needed and
 outlier-free inputs keep their full resolution.
+
+Weight encoding in the file: the int8 codes are stored as **uint8 with zero point 128**,
+``B_u = B_q + 128``, ``z_B = 128`` (``B_u − z_B = B_q``: the same values, the same grid, no
+rounding of its own). Why: with uint8 activations and int8 weights ONNX Runtime's MLAS runs
+u8·s8 GEMMs on x86-64 CPUs with AVX2 or AVX-512 but without (AVX-)VNNI through
+``vpmaddubsw``, which adds two products ``x_q·B_q`` into a *saturating* int16 —
+``2 · 255 · 127 = 64770 > 32767`` — so the result depends on the CPU: cos 0.984 against float
+on a [64, 768]·[768, 768] MatMul with uniform data on an AVX2 EPYC, where the same codes
+computed exactly give 1 − 1.5e−5 (``benchmarks/results/int8-saturation-2026-12-02.md``).
+u8·u8 takes MLAS's widening kernel (int16 operands, ``vpmaddwd`` into int32): exact on every
+CPU. The alternatives measured: 7-bit weights (``reduce_range``, ``[−63, 63]``) are exact too
+and as fast as int8, but double ``1 − cos`` on every CPU (one bit of weight resolution less);
+detecting the CPU would make the output file depend on the machine that wrote it. The price:
+the integer GEMM is 10–17 % slower than u8·s8 on AVX2 (still ~1.6× faster than float), and
+ConvInteger with int8 weights falls to a slow path, 3.7× slower than with uint8.
+The encoding is decided here, in :func:`integer_op`, so every caller gets it.
 """
 
 from __future__ import annotations
@@ -20,9 +36,24 @@ import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes._common.graph import new_constant
 
+WEIGHT_OFFSET = 128  # int8 code + 128 = uint8 code (zero point 0 → 128): u8·u8 kernels, exact on every CPU
+
+
+def unsigned_weight(w_q: np.ndarray, w_zero) -> tuple:
+    """(uint8 codes, uint8 zero point) with the same values ``w_q − w_zero`` as int8 ``w_q``;
+    uint8 input is returned unchanged."""
+    w_q, w_zero = np.asarray(w_q), np.asarray(w_zero)
+    if w_q.dtype != np.int8:
+        return w_q, w_zero
+    return ((w_q.astype(np.int16) + WEIGHT_OFFSET).astype(np.uint8),
+            (w_zero.astype(np.int16) + WEIGHT_OFFSET).astype(np.uint8))
+
 
 def integer_op(model, graph, op: str, x, w_q, w_zero, attrs=None, prefix: str = "dynamic") -> tuple:
-    """``DynamicQuantizeLinear(x)`` and the integer op; returns (int32 output, x scale, quantize node)."""
+    """``DynamicQuantizeLinear(x)`` and the integer op; returns (int32 output, x scale, quantize node).
+    int8 weights (``w_q``, ``w_zero``) are written as uint8 with the zero point moved by 128
+    (:func:`unsigned_weight`, see the module docstring)."""
+    w_q, w_zero = unsigned_weight(w_q, w_zero)
     fresh = model.fresh_name
     x_q = gs.Variable(fresh(f"{prefix}/x_q"), dtype=np.uint8)
     x_scale = gs.Variable(fresh(f"{prefix}/x_scale"), dtype=np.float32, shape=[])
@@ -58,8 +89,8 @@ def rescale(model, graph, y, x_scale, w_scale, bias, node, prefix: str = "dynami
 
 
 def dynamic_matmul(model, graph, node, x, w_q, w_scale, bias=None, prefix: str = "dynamic"):
-    """Replace ``node`` (MatMul / Gemm reading ``x``) by the dynamic chain; ``w_q`` [K, N] int8,
-    ``w_scale`` per column or scalar. ``node`` is left without outputs (dead; removed from
+    """Replace ``node`` (MatMul / Gemm reading ``x``) by the dynamic chain; ``w_q`` [K, N] int8
+    (symmetric, stored as uint8 with zero point 128), ``w_scale`` per column or scalar. ``node`` is left without outputs (dead; removed from
     ``graph.nodes``). Returns the DynamicQuantizeLinear node (the new reader of ``x``)."""
     zero = np.zeros(np.shape(w_scale), np.int8)
     y, x_scale, quantize = integer_op(model, graph, "MatMulInteger", x, w_q, zero, prefix=prefix)

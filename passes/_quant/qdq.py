@@ -294,38 +294,16 @@ def apply_plan(model, plan, enabled: set, result=None, fallback=None) -> int:
     graph = model.graph
     tensors = graph.tensors()
     nodes = {node.name: node for node in graph.nodes}
-    fallback = fallback or {}
     chosen = [spec for spec in plan.layers if spec.name in enabled and spec.name in nodes]
     float_readers = set()  # ids of nodes that must read float tensors
-    for spec in plan.layers:
-        if spec.name in enabled or spec.name not in nodes:
-            continue
-        rung = fallback.get(spec.name)
-        rung = rung if rung in rungs_of(spec) else None
-        node = nodes[spec.name]
-        if rung != "dynamic" and spec.unsmoothed is not None:
-            name, weight = spec.unsmoothed
-            node.inputs[0] = tensors[name]
-            node.inputs[spec.weight_index] = gs.Constant(model.fresh_name("int8/w_float"), weight)
-        if rung == "dynamic":
-            float_readers.add(id(_dynamic(model, graph, node, spec, plan)))
-        else:
-            float_readers.add(id(node))
-            if rung == "weights":
-                wq, scales = _encoded(plan, spec, "weights", lambda node=node, spec=spec: _weight_only(node, spec, plan))
-                node.inputs[spec.weight_index] = scaled_cast(model, graph, wq, scales)
-        if rung is not None and result is not None:
-            result.rewrite(f"{spec.op}→int8 {'dynamic' if rung == 'dynamic' else 'weights only'}")
-    points = []
-    for spec in chosen:
-        for name in spec.inputs + [spec.output]:
-            if name in plan.params and name not in points:
-                points.append(name)
-    for name in points:
+    for spec in plan.layers:  # step 1: the layers off static int8, on their rung or float
+        if spec.name not in enabled and spec.name in nodes:
+            float_readers.add(id(_off_static(model, plan, spec, nodes[spec.name], tensors, fallback, result)))
+    for name in _q_points(chosen, plan):  # step 2: Q/DQ on the static layers' points
         readers = consumers(tensors[name])
         static = [r for r in readers if id(r) not in float_readers]
         insert_qdq(model, graph, tensors[name], *plan.params[name], readers=static or readers)
-    for spec in chosen:
+    for spec in chosen:  # step 3: their weights
         node = nodes[spec.name]
         if spec.weight_index is not None:
             _quantize_weights(model, graph, node, spec, plan)
@@ -333,6 +311,39 @@ def apply_plan(model, plan, enabled: set, result=None, fallback=None) -> int:
             result.rewrite(f"{node.op}→int8")
     gather_then_dequantize(graph)
     return len(chosen)
+
+
+def _off_static(model, plan, spec, node, tensors, fallback, result) -> gs.Node:
+    """A layer that is not static int8: its rung from ``fallback`` (when it can take it) or
+    float; a smoothed layer off the ``dynamic`` rung gets its original input and weight back.
+    Returns the node that reads the layer's float input (the DynamicQuantizeLinear on the
+    ``dynamic`` rung, the layer itself otherwise)."""
+    rung = (fallback or {}).get(spec.name)
+    rung = rung if rung in rungs_of(spec) else None
+    if rung != "dynamic" and spec.unsmoothed is not None:
+        name, weight = spec.unsmoothed
+        node.inputs[0] = tensors[name]
+        node.inputs[spec.weight_index] = gs.Constant(model.fresh_name("int8/w_float"), weight)
+    if rung == "dynamic":
+        reader = _dynamic(model, model.graph, node, spec, plan)
+    else:
+        reader = node
+        if rung == "weights":
+            wq, scales = _encoded(plan, spec, "weights", lambda: _weight_only(node, spec, plan))
+            node.inputs[spec.weight_index] = scaled_cast(model, model.graph, wq, scales)
+    if rung is not None and result is not None:
+        result.rewrite(f"{spec.op}→int8 {'dynamic' if rung == 'dynamic' else 'weights only'}")
+    return reader
+
+
+def _q_points(chosen: list, plan) -> list:
+    """The calibrated tensors around the static layers, each once, in layer order."""
+    points = []
+    for spec in chosen:
+        for name in spec.inputs + [spec.output]:
+            if name in plan.params and name not in points:
+                points.append(name)
+    return points
 
 
 def _encoded(plan, spec, kind: str, make):

@@ -57,7 +57,7 @@ Encoding (``encode``): ``packed`` (default) stores codebook + indices as above; 
 stores the decoded weight as a plain float initializer — for ``cluster,int8``: int8 then sees
 constant weights and the file shrinks through int8 (1 byte per weight), and with
 ``grid=tensor|channel`` the values are snapped to int8's own symmetric grid so that int8
-reproduces them exactly (:func:`._cluster_encode.snap_to_int8_grid`). With ``encode=packed``
+reproduces them exactly (:func:`.maths.encode.snap_to_int8_grid`). With ``encode=packed``
 a following ``int8`` sees a Gather, not a constant, and leaves those weights float.
 
 Conditions (each failure is a counted reason, never an error):
@@ -67,10 +67,13 @@ Conditions (each failure is a counted reason, never an error):
 2. it has at least ``min_size`` elements (default 0: no size limit, condition 3 decides);
 3. the encoding is smaller than the float weights it replaces, decoder nodes and initializer
    headers included (estimated per weight, per group and per label stream:
-   :func:`._cluster_stream.member_bytes`, ``group_bytes``, ``stream_bytes``). Measured on
+   :func:`.stream.member_bytes`, ``group_bytes``, ``stream_bytes``; :mod:`.write`). Measured on
    PP-OCR cls v2 after ``fuse`` (54 weights, 85 of 112 initializers under 1024 elements):
    with a fixed ``min_size=1024`` and a decoder per weight 530859 → 167343 bytes; every weight
-   that pays, shared codebooks and one decoder per layout: → 114359 bytes.
+   that pays, shared codebooks and one decoder per layout: → 114359 bytes;
+4. the node is not one ``exclude`` selects (:mod:`onnxslim_kit.selection`: ``NAME``, ``re:REGEX``,
+   ``op:TYPE``, ``first:TYPE:N``, ``last:TYPE:N``, ``all``, separated by ``;``; a term matching no
+   node is an error) nor one the global ``--exclude`` selects (main graph; a counted skip).
 
 Exact limit: a weight with at most ``k`` distinct values is stored losslessly (the codebook is
 its distinct values, bit for bit, and no scales). With ``keep_zero`` (default) exact zeros keep an exact 0.0
@@ -86,7 +89,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes.cluster import stream
 from onnxslim_kit.passes.cluster.maths.encode import Clustered, snap_to_int8_grid
@@ -94,6 +98,7 @@ from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer
 from onnxslim_kit.passes.cluster.maths.kmeans import cluster_weight
 from onnxslim_kit.passes.cluster.maths.rows import row_codebooks
 from onnxslim_kit.passes.cluster.select import FLOAT, ROWS, choose
+from onnxslim_kit.passes.cluster.write import encode_all
 from onnxslim_kit.passes.cluster.maths.share import (
     broadcast_scales,
     half_codebook,
@@ -201,6 +206,8 @@ class ClusterPass(Pass):
         "encode": Option(str, "packed", "packed: codebook + indices; dense: decoded float weights "
                                         "(for a following int8)", ("packed", "dense")),
         "grid": Option(str, "none", "encode=dense: snap to int8's symmetric grid", ("none", "tensor", "channel")),
+        "exclude": Option(str, "", "nodes whose weights stay float (a selector: NAME;re:REGEX;op:TYPE;"
+                                   "first:TYPE:N;last:TYPE:N;all); the global --exclude too", parse=Selector.parse),
     }
 
     def run(self, model, ctx) -> PassResult:
@@ -210,74 +217,44 @@ class ClusterPass(Pass):
         if not 2 <= k <= 256 or k_high > 256:
             result.skip(f"k={k}, k_high={k_high} outside 2..256")
             return result
-        raw_before, zip_before = model_bytes(model)
-        items = self._items(model, opts, result)
+        excluded = _excluded(model, ctx)
+        before = model_bytes(model)
+        items = self._items(model, opts, excluded, result)
         if not items:
             return result
-        data_aware = opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True))
-        samples = list(ctx.feed) if data_aware else []
-        check = ctx.feed.take(TARGET_SAMPLES) if opts["target"] else []
-        held_out = bool(opts["target"]) and len(samples) >= 2 * TARGET_SAMPLES
-        if held_out:  # the target is checked on samples the GPTQ statistics did not see
-            samples, check = samples[:-TARGET_SAMPLES], samples[-TARGET_SAMPLES:]
-        layers, stats = self._statistics(model, samples, items) if data_aware else ({}, {})
+        data = _data(ctx)
+        layers, stats = self._statistics(model, data.samples, items) if data.aware else ({}, {})
         sizes = [k, k_high] if opts["target"] and k_high > k else [k]
         if opts["target"] and opts["rows"] and not opts["per_channel"]:
             sizes.insert(1, ROWS)
         gptq = self._cluster_all(items, sizes, opts, layers, stats, ctx)
-        chosen, measured = [k] * len(items), None
+        chosen, measured, trials = [k] * len(items), None, None
         if opts["target"]:
-            chosen, measured, trials = self._choose(model, items, check, opts, sizes)
+            chosen, measured, trials = self._choose(model, items, data.check, opts, sizes)
         kept = []
         for item, level in zip(items, chosen):
             if level is FLOAT:
                 result.skip("kept float to hold the output target")
             else:
                 kept.append((item, item.levels[level]))
-        encoded = self._encode_all(model, kept, result)
-        params = sum(item.values.size for item in encoded)
-        encoded = len(encoded)
+        encoded = encode_all(model, kept, result)
         if not result.modified:
             return result
         for graph in model.all_graphs():
             graph.cleanup(remove_unused_graph_inputs=False)
-        raw_after, zip_after = model_bytes(model)
-        result.metrics.update({
-            "weights_clustered": encoded, "params_clustered": params,
-            "bytes_before": raw_before, "bytes_after": raw_after,
-            "zlib_bytes_before": zip_before, "zlib_bytes_after": zip_after,
-            "size_ratio": round(raw_after / raw_before, 4),
-            "zlib_size_ratio": round(zip_after / zip_before, 4),
-            "weights_assigned_by_gptq": gptq,
-        })
-        for size in sizes:
-            result.metrics[_level_key(size)] = sum(level == size for level in chosen)
-        result.metrics["weights_float_for_target"] = sum(level is FLOAT for level in chosen)
-        mode = ('per channel' if opts['per_channel'] else 'per tensor') + (
-            ' + row scales' if opts['channel_scale'] and not opts['per_channel'] else '')
-        result.notes.append(
-            f"k={k} {mode}; "
-            f"{'data-aware: ' + str(gptq) + ' clusterings assigned by GPTQ' if data_aware else 'nearest-centroid assignment'}"
-            f"; encode={opts['encode']}: file {raw_before} → {raw_after} "
-            f"bytes ({raw_after / raw_before:.3f}×), zlib {zip_before} → {zip_after} ({zip_after / zip_before:.3f}×)")
-        if measured is not None:
-            result.metrics["target_cosine_measured"] = round(measured, 6)
-            counts = ", ".join(f"{result.metrics.get(_level_key(s), 0)} at {_level_name(s, k)}" for s in sizes)
-            result.notes.append(
-                f"target output cosine ≥ {opts['target']}: measured {measured:.5f} on {len(check)} calibration "
-                f"samples{' (held out)' if held_out else ''} "
-                f"({trials.evaluations} trials); {counts}, {result.metrics['weights_float_for_target']} float")
-            lines = [f"{it.label()} {it.values.shape}: {_level_name(lv, k)}" for it, lv in zip(items, chosen)]
-            result.notes.extend(lines[:MAX_NOTE_LAYERS])
-            if len(lines) > MAX_NOTE_LAYERS:
-                result.notes.append(f"… {len(lines) - MAX_NOTE_LAYERS} more layers")
+        _summarize(result, opts, before, model_bytes(model), encoded, gptq, data)
+        _levels(result, opts, items, sizes, chosen, (measured, trials, data))
         return result
 
-    def _items(self, model, opts, result) -> list:
+    def _items(self, model, opts, excluded: dict, result) -> list:
+        """The weights to cluster (``excluded``: id(node) → the reason a selector keeps it)."""
         items = []
         for graph in model.all_graphs():
             for node in graph.nodes:
                 if not is_onnx_op(node, *WEIGHT_INPUTS):
+                    continue
+                if id(node) in excluded:
+                    result.skip(excluded[id(node)])
                     continue
                 for index in WEIGHT_INPUTS[node.op]:
                     if index >= len(node.inputs):
@@ -375,57 +352,6 @@ class ClusterPass(Pass):
         return chosen, measured, trials
 
     @staticmethod
-    def _encode_all(model, kept: list, result) -> list:
-        """Encode ``(item, Clustered)`` pairs; returns the items encoded. Per tensor: groups of
-        weights sharing a codebook (one group per weight otherwise), decoded together
-        (:mod:`onnxslim_kit.passes.cluster.stream`), each weight and each group only where it saves bytes."""
-        done = []
-        groups = {}
-        for item, clustered in kept:
-            if clustered.dense is not None:
-                node = item.node
-                node.inputs[item.index] = gs.Constant(model.fresh_name("cluster/dense"),
-                                                      np.ascontiguousarray(clustered.dense))
-                result.rewrite(f"{node.op} weight → clustered float (k={clustered.k}, dense)")
-                done.append(item)
-                continue
-            key = (id(item.graph), clustered.share, id(clustered.codebook)) if clustered.share else id(clustered)
-            groups.setdefault(key, []).append((item, clustered))
-        by_graph = {}
-        for pairs in groups.values():
-            half = stream.half_scales([c for _, c in pairs])
-            paying = [(i, c) for i, c in pairs if stream.member_bytes(c, half) < stream.float_bytes(i.values)]
-            cost = (stream.group_bytes([c for _, c in paying], half) + sum(stream.member_bytes(c, half) for _, c in paying)
-                    if paying else 0)
-            if not paying or cost >= sum(stream.float_bytes(i.values) for i, _ in paying):
-                paying = []
-            for _ in range(len(pairs) - len(paying)):
-                result.skip("encoding not smaller than the float weight")
-            if paying:
-                saved = sum(stream.float_bytes(i.values) for i, _ in paying) - cost
-                by_graph.setdefault(id(paying[0][0].graph), []).append((paying, saved))
-        for key, entries in list(by_graph.items()):
-            groups = [[c for _, c in pairs] for pairs, _ in entries]
-            if sum(saved for _, saved in entries) <= stream.stream_bytes(groups):  # the unpacking would not pay
-                for pairs, _ in entries:
-                    for _ in pairs:
-                        result.skip("encoding not smaller than the float weight")
-                del by_graph[key]
-            else:
-                by_graph[key] = [pairs for pairs, _ in entries]
-        for graph_groups in by_graph.values():
-            graph = graph_groups[0][0][0].graph
-            outputs = stream.encode(model, graph, [[c for _, c in pairs] for pairs in graph_groups])
-            for pairs, tensors in zip(graph_groups, outputs):
-                for (item, clustered), tensor in zip(pairs, tensors):
-                    item.node.inputs[item.index] = tensor
-                    bits = "4-bit" if clustered.k <= 16 else "uint8"
-                    books = "codebooks per row" if clustered.per_channel else "codebook"
-                    result.rewrite(f"{item.node.op} weight → {books} + {bits} indices")
-                    done.append(item)
-        return done
-
-    @staticmethod
     def _statistics(model, samples, items) -> tuple:
         """Layers (``Y = X W`` with W at input 1) and their input Gram matrices."""
         layers = {}
@@ -450,3 +376,87 @@ class ClusterPass(Pass):
         if const_value(weight).size < opts["min_size"]:
             return "smaller than min_size"
         return None
+
+
+@dataclass
+class _Data:
+    """Calibration samples for the GPTQ statistics and those the target is checked on."""
+
+    aware: bool
+    samples: list
+    check: list
+    held_out: bool
+
+
+def _data(ctx) -> _Data:
+    """GPTQ statistics from real calibration data (``data=auto``) or ``data=true``; with at
+    least ``2·TARGET_SAMPLES`` samples the last ``TARGET_SAMPLES`` are held out for the target."""
+    opts = ctx.options
+    aware = opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True))
+    samples = list(ctx.feed) if aware else []
+    check = ctx.feed.take(TARGET_SAMPLES) if opts["target"] else []
+    held_out = bool(opts["target"]) and len(samples) >= 2 * TARGET_SAMPLES
+    if held_out:  # the target is checked on samples the GPTQ statistics did not see
+        samples, check = samples[:-TARGET_SAMPLES], samples[-TARGET_SAMPLES:]
+    return _Data(aware, samples, check, held_out)
+
+
+def _excluded(model, ctx) -> dict:
+    """``id(node)`` → skip reason for the main-graph nodes ``exclude=`` (must match) and the
+    global ``--exclude`` select. Unnamed nodes are named first (a selector speaks of names)."""
+    own = Selector.coerce(ctx.options["exclude"], "cluster(exclude=...)")
+    glob = getattr(ctx, "exclude", Selector.EMPTY)
+    if not (own or glob):
+        return {}
+    for node in model.graph.nodes:
+        if not node.name:
+            node.name = model.fresh_name(f"cluster/{node.op}")
+    names = {"excluded (--exclude)": glob.select(model.graph, where="--exclude", must_match=False),
+             "excluded (exclude=)": own.select(model.graph, where="cluster(exclude=...)", must_match=True)}
+    out = {}
+    for reason, chosen in names.items():
+        for node in model.graph.nodes:
+            if node.name in chosen:
+                out.setdefault(id(node), reason)
+    return out
+
+
+def _summarize(result: PassResult, opts, before: tuple, after: tuple, encoded: list, gptq: int, data: _Data) -> None:
+    """Size metrics (raw and zlib) and the summary note."""
+    (raw_before, zip_before), (raw_after, zip_after) = before, after
+    result.metrics.update({
+        "weights_clustered": len(encoded), "params_clustered": sum(item.values.size for item in encoded),
+        "bytes_before": raw_before, "bytes_after": raw_after,
+        "zlib_bytes_before": zip_before, "zlib_bytes_after": zip_after,
+        "size_ratio": round(raw_after / raw_before, 4),
+        "zlib_size_ratio": round(zip_after / zip_before, 4),
+        "weights_assigned_by_gptq": gptq,
+    })
+    mode = ('per channel' if opts['per_channel'] else 'per tensor') + (
+        ' + row scales' if opts['channel_scale'] and not opts['per_channel'] else '')
+    result.notes.append(
+        f"k={opts['k']} {mode}; "
+        f"{'data-aware: ' + str(gptq) + ' clusterings assigned by GPTQ' if data.aware else 'nearest-centroid assignment'}"
+        f"; encode={opts['encode']}: file {raw_before} → {raw_after} "
+        f"bytes ({raw_after / raw_before:.3f}×), zlib {zip_before} → {zip_after} ({zip_after / zip_before:.3f}×)")
+
+
+def _levels(result: PassResult, opts, items: list, sizes: list, chosen: list, measured: tuple) -> None:
+    """Weights per ladder level, and (with a measured target) the target note and each layer's level."""
+    k = opts["k"]
+    for size in sizes:
+        result.metrics[_level_key(size)] = sum(level == size for level in chosen)
+    result.metrics["weights_float_for_target"] = sum(level is FLOAT for level in chosen)
+    measured, trials, data = measured
+    if measured is None:
+        return
+    result.metrics["target_cosine_measured"] = round(measured, 6)
+    counts = ", ".join(f"{result.metrics.get(_level_key(s), 0)} at {_level_name(s, k)}" for s in sizes)
+    result.notes.append(
+        f"target output cosine ≥ {opts['target']}: measured {measured:.5f} on {len(data.check)} calibration "
+        f"samples{' (held out)' if data.held_out else ''} "
+        f"({trials.evaluations} trials); {counts}, {result.metrics['weights_float_for_target']} float")
+    lines = [f"{it.label()} {it.values.shape}: {_level_name(lv, k)}" for it, lv in zip(items, chosen)]
+    result.notes.extend(lines[:MAX_NOTE_LAYERS])
+    if len(lines) > MAX_NOTE_LAYERS:
+        result.notes.append(f"… {len(lines) - MAX_NOTE_LAYERS} more layers")

@@ -1,8 +1,8 @@
 """Decoding many clustered weights with few nodes: label streams and stacked groups.
 
-A *group* is a list of clustered weights (:class:`._cluster_encode.Clustered`, per tensor)
+A *group* is a list of clustered weights (:class:`.maths.encode.Clustered`, per tensor)
 that share one codebook and can be concatenated along their output-channel axis ``a``
-(:func:`._cluster_share.stack_key`); a group of one is any other per-tensor weight. All the
+(:func:`.maths.share.stack_key`); a group of one is any other per-tensor weight. All the
 groups of a graph are stored as
 
 * two label *streams*: the labels of every group with ``k ≤ 16`` concatenated (group by group,

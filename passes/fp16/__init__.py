@@ -11,8 +11,10 @@ Which nodes run in float16 (:mod:`onnxslim_kit.passes.fp16.plan` has the slot ru
    :mod:`onnxslim_kit.passes.fp16.bodies`, ``bodies=false`` to keep them), custom-domain ops, the default block list (``Range``,
    ``TopK``, ``NonMaxSuppression``, ``RoiAlign``, ``ArgMax/Min``, random generators, ``CumSum``,
    ``Resize``/``Upsample``/``GridSample``, ``Cast``/``CastLike``/``EyeLike``/``ConstantOfShape``;
-   ``default_block=false`` drops it), the user's ``block_ops`` (op types separated by ``;``, ``|``
-   or ``+``) and ``block_names`` (a regex searched in node names), and shape computations;
+   ``default_block=false`` drops it), the nodes ``exclude`` selects (:mod:`onnxslim_kit.selection`:
+   ``op:TYPE``, ``re:REGEX``, ``NAME``, ``first:TYPE:N``, ``last:TYPE:N``, ``all``, separated by
+   ``;``; a term matching no node is an error) and those the global ``--exclude`` selects, and
+   shape computations;
 2. range, on the calibration data (float32 model, every main-graph tensor observed):
    a node stays float32 when a float tensor it reads or writes (weights included) has
    max|x| > 65504 / 2 (float16 overflow, ×2 headroom for inputs not seen) or lives entirely
@@ -20,12 +22,12 @@ Which nodes run in float16 (:mod:`onnxslim_kit.passes.fp16.plan` has the slot ru
 3. drift, ``target=cos:0.999`` (or ``rel:1e-3`` = max relative error, ``none``): the outputs
    are compared with the original model (``metrics.compare``, worst over the samples), measured
    on a float32 *emulation* that rounds every float16 weight and tensor (Cast f16 → f32 round
-   trips; see :func:`._fp16_apply.emulate` for why the real model on CPU would hide drift). When
+   trips; see :func:`.apply.emulate` for why the real model on CPU would hide drift). When
    the target is missed or a NaN/Inf appears where float32 had none, the float16 nodes are
    ranked by the error they add (relative error of their output minus the largest relative
    error of their inputs, one sample) and the smallest prefix of that ranking that meets
-   the target is moved to float32 (binary search; everything float32 reproduces the input
-   model, so the search always ends);
+   the target is moved to float32 (binary search, :mod:`onnxslim_kit.passes.fp16.search`;
+   everything float32 reproduces the input model, so the search always ends);
 4. Casts: a float16 node with at most ``merge_limit`` weight elements moves to float32 when
    that removes Casts (adjacent float32 islands merge); one Cast per tensor and precision.
 
@@ -37,8 +39,8 @@ have no CPU float16 kernel.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -46,18 +48,51 @@ import onnx_graphsurgeon as gs
 
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
-from onnxslim_kit.metrics import compare, merge
 from onnxslim_kit.model import Model, model_size_bytes
-from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
-from onnxslim_kit.runtime import make_session, run
+from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.selection import Selector
 
-from onnxslim_kit.passes.fp16.apply import apply, emulate
-from onnxslim_kit.passes.fp16.plan import CastModel, build_plan, merge_islands
 from onnxslim_kit.passes.fp16.bodies import store_body_weights_fp16
+from onnxslim_kit.passes.fp16.plan import build_plan
+from onnxslim_kit.passes.fp16.search import Search, fallback
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0
 FP16_MIN_NORMAL = 2.0**-14
+EXCLUDED = "excluded (exclude=)"
+EXCLUDED_GLOBALLY = "excluded (--exclude)"
+
+
+def _parse_target(text: str, where: str = "fp16(target=...)"):
+    """``cos:X`` → ("cos", X), ``rel:X`` → ("rel", X), ``none`` (or empty) → None."""
+    text = text.strip().lower()
+    if text in ("", "none"):
+        return None
+    kind, _, value = text.partition(":")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if kind not in ("cos", "rel") or number is None:
+        raise UserError(f"{where}: expected cos:X, rel:X or none, got {text!r}")
+    return kind, number
+
+
+def _check_target(text: str, where: str) -> str:
+    """The parse hook of ``target``: validated before any pass runs, the text kept as it is."""
+    _parse_target(text, where)
+    return text
+
+
+@dataclass
+class _Inputs:
+    """What the plan and the search start from: the model as a proto, samples, observations."""
+
+    base: onnx.ModelProto
+    samples: list
+    stats: dict
+    plan_args: tuple
+    size_before: int | None  # the model's bytes before body weights were stored float16
 
 
 @register_pass
@@ -67,14 +102,17 @@ class Fp16Pass(Pass):
     lossless = False
     options = {
         "keep_io": Option(bool, True, "keep the model's inputs and outputs float32"),
-        "block_ops": Option(str, "", "op types kept float32, separated by ';', '|' or '+'"),
-        "block_names": Option(str, "", "regex: nodes whose name matches stay float32"),
+        "exclude": Option(str, "", "nodes kept float32 (a selector: NAME;re:REGEX;op:TYPE;first:TYPE:N;"
+                                   "last:TYPE:N;all); the global --exclude too", parse=Selector.parse),
         "default_block": Option(bool, True, "apply the default block list of ops unsafe in float16"),
-        "target": Option(str, "cos:0.999", "drift target vs the original: cos:X, rel:X or none"),
+        "target": Option(str, "cos:0.999", "drift target vs the original: cos:X, rel:X or none",
+                         parse=_check_target),
         "samples": Option(int, 8, "calibration samples for ranges and drift"),
         "merge_limit": Option(int, 4096, "max weight elements of a node moved to float32 to save Casts (-1: never)"),
         "bodies": Option(bool, True, "store If/Loop/Scan body weights as float16 + Cast (the bodies compute in float32)"),
     }
+    renamed = {"block_ops": "exclude=op:TYPE (one op:TYPE per op type, separated by ';')",
+               "block_names": "exclude=re:REGEX"}
 
     def is_lossless(self, options: dict) -> bool:
         return False
@@ -83,62 +121,25 @@ class Fp16Pass(Pass):
         result = PassResult()
         opts = ctx.options
         target = _parse_target(opts["target"])
-        block_ops = {op for op in re.split(r"[;|+\s]+", opts["block_ops"]) if op}
-        try:
-            re.compile(opts["block_names"])
-        except re.error as exc:
-            raise UserError(f"fp16(block_names=...): not a regular expression ({exc})") from None
-        size_before = None  # the report's size ratio covers the body weights too
-        if opts["bodies"] and len(list(model.all_graphs())) > 1:
-            size_before = model_size_bytes(model.to_proto())
-            if store_body_weights_fp16(model, result):
-                model.commit()
-        base = model.to_proto()
-        samples = ctx.feed.take(opts["samples"])
-        stats = _observe(base, samples)
-        dtypes = _dtypes(base, stats)
-        plan_args = (dtypes, block_ops, opts["block_names"], opts["default_block"])
-
-        work = Model.from_proto(base)
-        infos = build_plan(work.graph, *plan_args)
-        for info in infos:
-            if info.reason is None:
-                info.reason = _range_reason(info, stats)
-        half0 = {k for k, info in enumerate(infos) if info.reason is None}
-        for info in infos:
-            if info.reason is not None:
-                result.skip(info.reason)
+        inputs = _prepare(model, ctx, result)
+        work = Model.from_proto(inputs.base)  # the plan's nodes live in its graph
+        infos = build_plan(work.graph, *inputs.plan_args)
+        half0 = _candidates(infos, inputs.stats, result)
         if not half0:
-            result.notes.append("no node can run in float16")
-            if size_before:
-                result.metrics["size_ratio"] = round(model_size_bytes(base) / size_before, 4)
-            return result
-
-        search = _Search(base, plan_args, opts, samples, ctx.original, target)
-        best = search.evaluate(half0)
-        dropped = []
-        if not best.ok:
-            ranked = _rank(best, base, infos, half0, samples[0])
-            lo, hi = 0, len(ranked)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                trial = search.evaluate(half0 - set(ranked[:mid]))
-                lo, hi = (lo, mid) if trial.ok else (mid, hi)
-            dropped = ranked[:hi]
-            best = search.evaluate(half0 - set(dropped))
+            return _nothing(result, inputs, "no node can run in float16")
+        search = Search(inputs.base, inputs.plan_args, opts, inputs.samples, ctx.original, target)
+        best, dropped = fallback(search, inputs.base, infos, half0, inputs.samples[0])
         result.skip("float32 for the drift target / NaN-Inf", len(dropped))
         result.skip("float32 to save Casts (island merge)", len(half0) - len(dropped) - len(best.half))
         if not best.half:
-            result.notes.append("every candidate node had to stay float32")
-            if size_before:
-                result.metrics["size_ratio"] = round(model_size_bytes(base) / size_before, 4)
-            return result
+            return _nothing(result, inputs, "every candidate node had to stay float32")
         final, casts = search.build(best)
         model.graph = final.graph
         model.commit()
         result.rewrite("node→float16", len(best.half))
         result.rewrite("Cast inserted", casts)
-        self._report(result, size_before or model_size_bytes(base), final.to_proto(), best, casts, search, infos)
+        self._report(result, inputs.size_before or model_size_bytes(inputs.base), final.to_proto(), best, casts,
+                     search, infos)
         return result
 
     @staticmethod
@@ -161,18 +162,55 @@ class Fp16Pass(Pass):
             )
 
 
-def _parse_target(text: str):
-    text = text.strip().lower()
-    if text in ("", "none"):
-        return None
-    kind, _, value = text.partition(":")
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if kind not in ("cos", "rel") or number is None:
-        raise UserError(f"fp16(target={text}): expected cos:X, rel:X or none")
-    return kind, number
+def _prepare(model: Model, ctx, result: PassResult) -> _Inputs:
+    """The user's selections (checked first: a selector matching nothing fails before any
+    work), body weights stored float16 (``bodies``), the samples and their observations."""
+    opts = ctx.options
+    excluded = _excluded(model, ctx)
+    size_before = None  # the report's size ratio covers the body weights too
+    if opts["bodies"] and len(list(model.all_graphs())) > 1:
+        size_before = model_size_bytes(model.to_proto())
+        if store_body_weights_fp16(model, result):
+            model.commit()
+    base = model.to_proto()
+    samples = ctx.feed.take(opts["samples"])
+    stats = _observe(base, samples)
+    return _Inputs(base, samples, stats, (_dtypes(base, stats), excluded, opts["default_block"]), size_before)
+
+
+def _excluded(model: Model, ctx) -> dict:
+    """Node name → reason, for the nodes ``exclude=`` (must match) and the global ``--exclude``
+    select (unnamed main-graph nodes are named first: a selector speaks of names)."""
+    own = Selector.coerce(ctx.options["exclude"], "fp16(exclude=...)")
+    glob = getattr(ctx, "exclude", Selector.EMPTY)
+    if not (own or glob):
+        return {}
+    for node in model.graph.nodes:
+        if not node.name:
+            node.name = model.fresh_name(f"fp16/{node.op}")
+    out = dict.fromkeys(glob.select(model.graph, where="--exclude", must_match=False), EXCLUDED_GLOBALLY)
+    for name in own.select(model.graph, where="fp16(exclude=...)", must_match=True):
+        out.setdefault(name, EXCLUDED)
+    return out
+
+
+def _candidates(infos: list, stats: dict, result: PassResult) -> set:
+    """Plan indices that may run in float16 (static and range rules); the others counted."""
+    for info in infos:
+        if info.reason is None:
+            info.reason = _range_reason(info, stats)
+    for info in infos:
+        if info.reason is not None:
+            result.skip(info.reason)
+    return {k for k, info in enumerate(infos) if info.reason is None}
+
+
+def _nothing(result: PassResult, inputs: _Inputs, note: str) -> PassResult:
+    """The result when no node becomes float16 (body weights may still have been stored float16)."""
+    result.notes.append(note)
+    if inputs.size_before:
+        result.metrics["size_ratio"] = round(model_size_bytes(inputs.base) / inputs.size_before, 4)
+    return result
 
 
 # --- observation ----------------------------------------------------------------------------
@@ -224,108 +262,6 @@ def _range_reason(info, stats: dict) -> str | None:
         if 0.0 < peak < FP16_MIN_NORMAL:
             return "values underflow float16"
     return None
-
-
-# --- drift search ---------------------------------------------------------------------------
-
-class _Trial:
-    def __init__(self, half, model, drift):
-        self.half, self.model = half, model  # model: the float16-rounding emulation
-        self.cosine = min((d.cosine for d in drift.values()), default=1.0)
-        self.max_rel = max((d.max_rel for d in drift.values()), default=0.0)
-        self.nonfinite = any(d.nonfinite_mismatch for d in drift.values())
-        self.ok = False
-
-
-class _Search:
-    """Measures candidate assignments (sets of plan indices in float16) on the emulation."""
-
-    def __init__(self, base, plan_args, opts, samples, original, target):
-        self.base, self.plan_args, self.samples, self.target = base, plan_args, samples, target
-        self.keep_io, self.merge_limit = opts["keep_io"], opts["merge_limit"]
-        self.count = 0
-        self.reference = _outputs(original, samples)
-        self.reference_name = "the original model"
-        if not self._meets(_Trial(set(), None, _drift(self.reference, _outputs(base, samples)))):
-            self.reference = _outputs(base, samples)  # earlier lossy passes already miss the target
-            self.reference_name = "the input of this pass (earlier passes already miss the target)"
-        self.cache = {}
-
-    def _plan(self):
-        model = Model.from_proto(self.base)
-        return model, build_plan(model.graph, *self.plan_args)
-
-    def evaluate(self, half: set) -> _Trial:
-        key = frozenset(half)
-        if key not in self.cache:
-            self.count += 1
-            model, infos = self._plan()
-            merged = merge_islands(CastModel(model.graph, infos, self.keep_io), half, self.merge_limit)
-            emulate(model, infos, merged, self.keep_io)
-            model.commit()
-            proto = model.to_proto()
-            trial = _Trial(merged, proto, _drift(self.reference, _outputs(proto, self.samples)))
-            trial.ok = self._meets(trial)
-            self.cache[key] = trial
-        return self.cache[key]
-
-    def build(self, trial: _Trial) -> tuple:
-        """The real float16 model of ``trial`` and the number of Casts it has."""
-        model, infos = self._plan()
-        casts = apply(model, infos, trial.half, self.keep_io)
-        model.commit()
-        return model, casts
-
-    def _meets(self, trial: _Trial) -> bool:
-        if trial.nonfinite:
-            return False
-        if self.target is None:
-            return True
-        kind, value = self.target
-        return trial.cosine >= value if kind == "cos" else trial.max_rel <= value
-
-
-def _outputs(proto: onnx.ModelProto, samples: list) -> list:
-    session = make_session(proto, threads=1)
-    return [run(session, s) for s in samples]
-
-
-def _drift(reference: list, outputs: list) -> dict:
-    drift = {}
-    for name in reference[0]:
-        if name in outputs[0] and np.asarray(reference[0][name]).dtype.kind == "f":
-            drift[name] = merge([compare(r[name], o[name]) for r, o in zip(reference, outputs)])
-    return drift
-
-
-def _rank(trial: _Trial, base: onnx.ModelProto, infos: list, half: set, sample: dict) -> list:
-    """Float16 plan indices, the ones adding the most relative error first (on ``sample``)."""
-    produced = {o for node in trial.model.graph.node for o in node.output}
-    names = [o for node in base.graph.node for o in node.output if o in produced]
-    first = next(iter_activations(base, names, [sample], threads=1))
-    first.update({k: np.asarray(v) for k, v in sample.items()})
-    observed = next(iter_activations(trial.model, names, [sample], threads=1))
-    observed.update({k: np.asarray(v) for k, v in sample.items()})
-
-    def rel(name):
-        if name not in observed or name not in first or np.asarray(first[name]).dtype.kind != "f":
-            return 0.0
-        a, b = np.asarray(first[name], dtype=np.float64), np.asarray(observed[name], dtype=np.float64)
-        if a.shape != b.shape:
-            return 0.0
-        if not np.all(np.isfinite(b) == np.isfinite(a)):
-            return float("inf")
-        ok = np.isfinite(a)
-        norm = np.linalg.norm(a[ok])
-        return float(np.linalg.norm(a[ok] - b[ok]) / norm) if norm > 0 else 0.0
-
-    scores = {}
-    for k in half:
-        node = infos[k].node
-        out_err = max((rel(node.outputs[i].name) for i in infos[k].outs), default=0.0)
-        in_err = max((rel(t.name) for t in node.inputs if isinstance(t, gs.Variable) and t.name), default=0.0)
-        scores[k] = out_err - in_err if np.isfinite(out_err) else float("inf")
-    return sorted(half, key=lambda k: (-scores[k], k))
 
 
 def _no_cpu_fp16_kernel(ops: list) -> Counter:

@@ -14,7 +14,8 @@ bound to float32 allows float16 and the dtypes of all its tied slots are known.
 
 Float32 is kept (with a counted reason) for: ops with subgraphs (If/Loop/Scan: their bodies
 are not converted), custom-domain ops, the default block list :data:`DEFAULT_BLOCK_OPS`, the
-user's ``block_ops`` / ``block_names``, and shape computations (nodes whose non-constant
+nodes the user's ``exclude=`` selector or the global ``--exclude`` selects (by name: the
+``excluded`` map of :func:`build_plan`), and shape computations (nodes whose non-constant
 inputs all derive from Shape/Size: their float values are sizes, kept exact).
 
 Cast count (what :func:`merge_islands` minimises): for each float32 tensor on convertible
@@ -24,7 +25,6 @@ slots, one Cast when its producer's precision differs from that of at least one 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,17 +62,17 @@ class NodeInfo:
                    if isinstance(self.node.inputs[i], gs.Constant))
 
 
-def build_plan(graph: gs.Graph, dtypes: dict, block_ops: set, block_names: str, default_block: bool) -> list:
-    """A :class:`NodeInfo` for every node of ``graph`` that touches float32 tensors."""
+def build_plan(graph: gs.Graph, dtypes: dict, excluded: dict, default_block: bool) -> list:
+    """A :class:`NodeInfo` for every node of ``graph`` that touches float32 tensors.
+    ``excluded``: node name → the reason it stays float32 (the user's selections)."""
     shape_nodes = _shape_computation(graph)
-    name_re = re.compile(block_names) if block_names else None
-    blocked_ops = set(block_ops) | (DEFAULT_BLOCK_OPS if default_block else set())
+    blocked_ops = DEFAULT_BLOCK_OPS if default_block else frozenset()
     infos = []
     for index, node in enumerate(graph.nodes):
         info = _slots(index, node, graph.opset, dtypes)
         if info is None:
             continue
-        info.reason = _static_reason(node, blocked_ops, name_re, shape_nodes) or info.reason
+        info.reason = _static_reason(node, blocked_ops, excluded, shape_nodes) or info.reason
         infos.append(info)
     return infos
 
@@ -103,28 +103,14 @@ def _slots(index: int, node: gs.Node, opset: int, dtypes: dict) -> NodeInfo | No
     if not ins and not outs:
         return None
     info = NodeInfo(index, node)
-    if (node.domain or "") not in ONNX_DOMAINS:
-        info.reason = "custom-domain op"
+    schema, info.reason = _schema(node, opset)
+    if schema is None:
         return info
-    try:
-        schema = onnx.defs.get_schema(node.op, opset, "")
-    except onnx.defs.SchemaError:
-        info.reason = "no ONNX schema at this opset"
-        return info
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
     in_vars = {i: getattr(_formal(schema.inputs, i), "type_str", None) for i in range(len(node.inputs))}
     out_vars = {i: getattr(_formal(schema.outputs, i), "type_str", None) for i in range(len(node.outputs))}
-    float_vars = {in_vars[i] for i in ins if in_vars[i] in allowed}
-    float_vars |= {out_vars[i] for i in outs if out_vars[i] in allowed and out_vars[i] in set(in_vars.values())}
-    for var in float_vars:
-        if F16_TYPE not in allowed[var]:
-            info.reason = "no float16 in the op schema"
-            return info
-        tied = [t for i, t in enumerate(node.inputs) if in_vars[i] == var and t.name]
-        tied += [t for i, t in enumerate(node.outputs) if out_vars[i] == var and t.name]
-        if any(_dtype(t, dtypes) is None for t in tied):
-            info.reason = "unknown tensor type"
-            return info
+    float_vars, info.reason = _float_vars(node, schema, (ins, in_vars), (outs, out_vars), dtypes)
+    if info.reason is not None:
+        return info
     info.ins = [i for i in ins if in_vars[i] in float_vars]
     info.outs = [i for i in outs if out_vars[i] in float_vars]
     if not info.ins and not info.outs:
@@ -132,13 +118,41 @@ def _slots(index: int, node: gs.Node, opset: int, dtypes: dict) -> NodeInfo | No
     return info
 
 
-def _static_reason(node, blocked_ops, name_re, shape_nodes) -> str | None:
+def _schema(node: gs.Node, opset: int) -> tuple:
+    """``(the node's ONNX schema at ``opset``, None)`` or ``(None, why there is none)``."""
+    if (node.domain or "") not in ONNX_DOMAINS:
+        return None, "custom-domain op"
+    try:
+        return onnx.defs.get_schema(node.op, opset, ""), None
+    except onnx.defs.SchemaError:
+        return None, "no ONNX schema at this opset"
+
+
+def _float_vars(node: gs.Node, schema, inputs: tuple, outputs: tuple, dtypes: dict) -> tuple:
+    """``(type variables bound to float32, None)`` — conditions 1–3 of the module docstring —
+    or ``(set(), reason)`` when one of them cannot be float16. ``inputs`` / ``outputs``:
+    (float32 slot indices, {slot index: type variable})."""
+    (ins, in_vars), (outs, out_vars) = inputs, outputs
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    float_vars = {in_vars[i] for i in ins if in_vars[i] in allowed}
+    float_vars |= {out_vars[i] for i in outs if out_vars[i] in allowed and out_vars[i] in set(in_vars.values())}
+    for var in float_vars:
+        if F16_TYPE not in allowed[var]:
+            return set(), "no float16 in the op schema"
+        tied = [t for i, t in enumerate(node.inputs) if in_vars[i] == var and t.name]
+        tied += [t for i, t in enumerate(node.outputs) if out_vars[i] == var and t.name]
+        if any(_dtype(t, dtypes) is None for t in tied):
+            return set(), "unknown tensor type"
+    return float_vars, None
+
+
+def _static_reason(node, blocked_ops, excluded: dict, shape_nodes) -> str | None:
     if any(isinstance(v, gs.Graph) for v in node.attrs.values()) or node.op in ("If", "Loop", "Scan"):
         return "If/Loop/Scan kept float32 (bodies not converted)"
     if node.op in blocked_ops:
         return f"block list: {node.op}"
-    if name_re is not None and name_re.search(node.name or ""):
-        return "block_names"
+    if node.name and node.name in excluded:
+        return excluded[node.name]
     if id(node) in shape_nodes:
         return "shape computation"
     return None

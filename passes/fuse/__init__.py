@@ -7,7 +7,9 @@ Rewrites (each in its own module, each counted in the report under its label):
 * :mod:`onnxslim_kit.passes.fuse.fold_affine` — constant Mul / Add / Sub / Div folded into Conv and Gemm weights and
   bias; MatMul + Add → Gemm where valid;
 * :mod:`onnxslim_kit.passes.fuse.cleanup` — Identity, inference Dropout and no-op Reshape / Transpose / Cast / Pad /
-  Slice removed; Transpose∘Transpose and Reshape∘Reshape merged;
+  Slice / Expand / Squeeze / Flatten / neutral arithmetic removed; :mod:`onnxslim_kit.passes.fuse.merges` —
+  inverse Squeeze/Unsqueeze pairs removed, Transpose∘Transpose, Reshape∘Reshape and Unsqueeze∘Unsqueeze merged
+  (helpers of both in :mod:`onnxslim_kit.passes.fuse.rule_helpers`);
 * :mod:`onnxslim_kit.passes.fuse.const_fold` — constant folding (size-capped), duplicate constants and common
   subexpressions merged;
 * with ``activations`` (on by default), activations rewritten as the ops ONNX Runtime's CPU
@@ -18,14 +20,19 @@ Rewrites (each in its own module, each counted in the report under its label):
 
 Every rule is applied to the main graph and to every If / Loop / Scan body. Dead code goes
 with the pipeline's ``commit()``. The rewrite modules expose ``RULES``: a list of
-``(label, function)`` where ``function(graph, model, result) -> int`` applies the rule once
-over ``graph`` and returns how many rewrites it made (reasons for not applying go to
-``result.skip``).
+``(label, function)`` where ``function(graph, run) -> int`` applies the rule once over
+``graph`` and returns how many rewrites it made. ``run`` is one
+:class:`~onnxslim_kit.passes._common.match.RuleRun` per pass run: the model, the result, the
+inferred shapes and the skip set, so a reason for not applying is counted once per node
+however many rounds the loop makes (match / check steps return a
+:class:`~onnxslim_kit.passes._common.match.MatchResult`).
 """
 
 from __future__ import annotations
 
-from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+
+from onnxslim_kit.passes._common.match import RuleRun
 
 from onnxslim_kit.passes.fuse import cleanup as _cleanup
 from onnxslim_kit.passes.fuse import const_fold as _const_fold
@@ -51,6 +58,7 @@ class FusePass(Pass):
 
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
+        run = RuleRun(model, result)
         rules = _fold_bn.RULES + _fold_affine.RULES + _cleanup.RULES + (
             _prelu.RULES + _hardswish.RULES if ctx.options["activations"] else [])
         const_rules = _const_fold.rules(ctx.options["fold_size_limit"], ctx.options["cse"])
@@ -58,7 +66,7 @@ class FusePass(Pass):
             changed = 0
             for graph in list(model.all_graphs()):
                 for label, rule in const_rules + rules:
-                    count = rule(graph, model, result)
+                    count = rule(graph, run)
                     if count:
                         result.rewrite(label, count)
                         changed += count

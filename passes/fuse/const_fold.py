@@ -1,6 +1,7 @@
 """``fuse`` constant rules: constant folding, shape folding, duplicate constants, CSE.
 
-:func:`rules` returns ``(label, function(graph, model, result) -> rewrites)`` pairs, in order:
+:func:`rules` returns ``(label, function(graph, run) -> rewrites)`` pairs (``run``: the pass run's
+:class:`~onnxslim_kit.passes._common.match.RuleRun`), in order:
 
 1. **Constant nodes → initializers** — a ``Constant`` node holding a dense tensor becomes a
    constant tensor (what loading does, for Constant nodes made after loading). At the start of
@@ -54,17 +55,9 @@ import onnx_graphsurgeon as gs
 
 from onnxslim_kit.model import constant_node_to_tensor
 
-from onnxslim_kit.passes._common.graph import (
-    as_array,
-    ensure_shapes,
-    elem_type,
-    is_graph_output,
-    is_onnx_op,
-    replace_uses,
-    run_state,
-    skip_once,
-    static_shape,
-)
+from onnxslim_kit.passes._common.graph import as_array, is_graph_output, is_onnx_op, replace_uses
+from onnxslim_kit.passes._common.match import MatchResult, RuleRun
+from onnxslim_kit.passes._common.shapes import ShapeTable, elem_type
 from onnxslim_kit.passes.fuse.shape_fold import constant_reshape_targets, fold_shapes
 
 NON_DETERMINISTIC = frozenset({
@@ -104,12 +97,10 @@ def rules(size_limit: int, cse: bool) -> list:
 
 # --- 1. Constant nodes ------------------------------------------------------------------------
 
-
-
-def constant_nodes_to_tensors(graph, model, result) -> int:
-    state = run_state(model, result)
-    if graph is model.graph and state.pop("dirty", False):
-        ensure_shapes(model, result, refresh=True)  # a new round after folding: shapes may be known now
+def constant_nodes_to_tensors(graph, run: RuleRun) -> int:
+    if graph is run.model.graph and run.dirty:
+        run.dirty = False
+        run.ensure_shapes(refresh=True)  # a new round after folding: shapes may be known now
     return sum(constant_node_to_tensor(node) for node in list(graph.nodes))
 
 
@@ -142,24 +133,24 @@ def _has_graph(value) -> bool:
     return isinstance(value, gs.Graph)
 
 
-def _itemsize(tensor, default=4) -> int:
-    t = elem_type(tensor)
+def _itemsize(tensor, shapes: ShapeTable, default=4) -> int:
+    t = shapes.elem_type(tensor)
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)).itemsize if t else default
     except (KeyError, TypeError, ValueError):
         return default
 
 
-def _estimate_bytes(node: gs.Node, inputs: list) -> int | None:
+def _estimate_bytes(node: gs.Node, inputs: list, shapes: ShapeTable) -> int | None:
     """Bytes the outputs will take, when it can be told before evaluating."""
     total = 0
     for out in node.outputs:
         if out.is_empty():
             continue
-        shape = static_shape(out)
+        shape = shapes.static(out)
         if shape is None:
             break
-        total += int(np.prod(shape, dtype=np.int64)) * _itemsize(out)
+        total += int(np.prod(shape, dtype=np.int64)) * _itemsize(out, shapes)
     else:
         return total
     first = inputs[0] if inputs else None
@@ -274,84 +265,86 @@ def _input_values(node: gs.Node) -> list | None:
     return values
 
 
-def _result_problem(node: gs.Node, values: list) -> str | None:
+def _result_problem(node: gs.Node, values: list, shapes: ShapeTable) -> str | None:
     outs = [o for o in node.outputs if not o.is_empty()]
     if len(values) != len(outs):
         return "constant folding: unexpected number of results"
     for out, value in zip(outs, values):
         if value.dtype.kind in "OUS":
             return "constant folding: string result"
-        declared = elem_type(out)
+        declared = shapes.elem_type(out)
         try:
             got = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
         except (KeyError, TypeError, ValueError):
             return "constant folding: unsupported result type"
         if declared is not None and declared != got:
             return "constant folding: result type differs from the declared one"
-        shape = static_shape(out)
+        shape = shapes.static(out)
         if shape is not None and list(value.shape) != shape:
             return "constant folding: result shape differs from the declared one"
     return None
 
 
-def fold_constants(graph, model, result, size_limit: int) -> int:
-    state = run_state(model, result)
-    ensure_shapes(model, result)
-    unfoldable = state.setdefault("unfoldable", set())
+def fold_constants(graph, run: RuleRun, size_limit: int) -> int:
+    shapes = run.ensure_shapes()
     count = 0
     for node in list(graph.nodes):
-        if not node.outputs or id(node) in unfoldable:
-            continue
-        if not any(not t.is_empty() for t in node.inputs):
-            continue
-        if not any(o.outputs or is_graph_output(o, graph) for o in node.outputs):
-            continue  # dead: graph.cleanup removes it
-        values = _input_values(node)
+        values = _constant_inputs(node, graph, run.unfoldable)
         if values is None:
             continue
-        reason = _why_not_foldable(node)
-        input_bytes = sum(int(v.nbytes) for v in values if v is not None)
-        if reason is None:
-            estimate = _estimate_bytes(node, values)
-            if estimate is not None and estimate > size_limit:
-                reason = TOO_LARGE
-            elif estimate is not None and estimate > input_bytes + GROWTH_ALLOWANCE:
-                reason = GROWS
-        if reason is None:
-            try:
-                results = evaluate(node, model.opset, values)
-            except FoldError as exc:
-                model_note(result, state, f"constant folding of {node.op} failed: {exc}")
-                reason = "constant folding: evaluation failed"
-            else:
-                result_bytes = sum(int(v.nbytes) for v in results)
-                if result_bytes > size_limit:
-                    reason = TOO_LARGE
-                elif result_bytes > input_bytes + GROWTH_ALLOWANCE:
-                    reason = GROWS
-                else:
-                    reason = _result_problem(node, results)
-        if reason is not None:
-            unfoldable.add(id(node))
-            if reason:
-                skip_once(model, result, node, reason)
+        found = _fold(node, values, run, shapes, size_limit)
+        if not found.ok:
+            run.unfoldable.add(id(node))
+            run.skip(node, found)
             continue
         outs = list(node.outputs)
         node.outputs.clear()
         node.inputs.clear()
-        for out, value in zip([o for o in outs if not o.is_empty()], results):
+        for out, value in zip([o for o in outs if not o.is_empty()], found.value):
             out.to_constant(as_array(value))
         count += 1
     if count:
-        state["dirty"] = True
+        run.dirty = True
     return count
 
 
-def model_note(result, state, text: str) -> None:
-    notes = state.setdefault("notes", set())
-    if text not in notes and len(notes) < 20:
-        notes.add(text)
-        result.notes.append(text)
+def _constant_inputs(node: gs.Node, graph, unfoldable: set) -> list | None:
+    """Match: the input values of a live node all of whose inputs are constants, else None."""
+    if not node.outputs or id(node) in unfoldable:
+        return None
+    if not any(not t.is_empty() for t in node.inputs):
+        return None
+    if not any(o.outputs or is_graph_output(o, graph) for o in node.outputs):
+        return None  # dead: graph.cleanup removes it
+    return _input_values(node)
+
+
+def _size_problem(nbytes: int, input_bytes: int, size_limit: int) -> str | None:
+    if nbytes > size_limit:
+        return TOO_LARGE
+    if nbytes > input_bytes + GROWTH_ALLOWANCE:
+        return GROWS
+    return None
+
+
+def _fold(node: gs.Node, values: list, run: RuleRun, shapes: ShapeTable, size_limit: int) -> MatchResult:
+    """Check + evaluate: payload the result arrays, or the reason (``""``: pass over silently)."""
+    reason = _why_not_foldable(node)
+    if reason is not None:
+        return MatchResult.fail(reason)
+    input_bytes = sum(int(v.nbytes) for v in values if v is not None)
+    estimate = _estimate_bytes(node, values, shapes)
+    reason = _size_problem(estimate, input_bytes, size_limit) if estimate is not None else None
+    if reason is not None:
+        return MatchResult.fail(reason)
+    try:
+        results = evaluate(node, run.opset, values)
+    except FoldError as exc:
+        run.note_once(f"constant folding of {node.op} failed: {exc}")
+        return MatchResult.fail("constant folding: evaluation failed")
+    reason = _size_problem(sum(int(v.nbytes) for v in results), input_bytes, size_limit)
+    reason = reason or _result_problem(node, results, shapes)
+    return MatchResult.fail(reason) if reason else MatchResult.of(results)
 
 
 # --- 4. If with a constant condition ----------------------------------------------------------
@@ -385,7 +378,8 @@ def _inline_problem(node, graph, branch, model) -> str | None:
     return None
 
 
-def inline_constant_ifs(graph, model, result) -> int:
+def inline_constant_ifs(graph, run: RuleRun) -> int:
+    model = run.model
     count = 0
     for node in list(graph.nodes):
         if not node.outputs or not is_onnx_op(node, "If") or not isinstance(node.inputs[0], gs.Constant):
@@ -400,7 +394,7 @@ def inline_constant_ifs(graph, model, result) -> int:
             continue
         problem = _inline_problem(node, graph, branch, model)
         if problem:
-            skip_once(model, result, node, problem)
+            run.skip_once(node, problem)
             continue
         index = next(i for i, n in enumerate(graph.nodes) if n is node)
         graph.nodes[index:index + 1] = list(branch.nodes)
@@ -423,14 +417,13 @@ def inline_constant_ifs(graph, model, result) -> int:
                 g.outputs = []
         count += 1
     if count:
-        run_state(model, result)["dirty"] = True
+        run.dirty = True
     return count
 
 
 # --- 5. Duplicate constants -----------------------------------------------------------------------
 
-def _digest(tensor, state) -> bytes | None:
-    cache = state.setdefault("digests", {})
+def _digest(tensor, cache: dict) -> bytes | None:
     values = tensor.values
     key = id(tensor)
     hit = cache.get(key)
@@ -444,8 +437,7 @@ def _digest(tensor, state) -> bytes | None:
     return digest
 
 
-def merge_duplicate_constants(graph, model, result) -> int:
-    state = run_state(model, result)
+def merge_duplicate_constants(graph, run: RuleRun) -> int:
     by_type = {}
     for node in graph.nodes:
         for tensor in node.inputs:
@@ -460,7 +452,7 @@ def merge_duplicate_constants(graph, model, result) -> int:
             continue
         kept = {}
         for tensor in group:
-            digest = _digest(tensor, state)
+            digest = _digest(tensor, run.digests)
             if digest is None:
                 continue
             first = kept.setdefault(digest, tensor)
@@ -520,7 +512,7 @@ def _index(graph, node) -> int:
     return next(i for i, n in enumerate(graph.nodes) if n is node)
 
 
-def merge_common_subexpressions(graph, model, result) -> int:
+def merge_common_subexpressions(graph, run: RuleRun) -> int:
     seen = {}
     count = 0
     for node in list(graph.nodes):
@@ -535,12 +527,12 @@ def merge_common_subexpressions(graph, model, result) -> int:
             continue
         problem = _cse_problem(node)
         if problem:
-            skip_once(model, result, node, problem)
+            run.skip_once(node, problem)
             continue
         keep, drop = other, node
         if any(is_graph_output(o, graph) for o in drop.outputs):
             if any(is_graph_output(o, graph) for o in keep.outputs):
-                skip_once(model, result, node, "cse: both results are graph outputs")
+                run.skip_once(node, "cse: both results are graph outputs")
                 continue
             # keep the one feeding the graph output, at the earlier one's place
             keep, drop = node, other

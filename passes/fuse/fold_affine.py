@@ -47,77 +47,79 @@ from functools import partial
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxslim_kit.passes._common.graph import const_value
+from onnxslim_kit.passes._common.match import NOT_CONCERNED, MatchResult, RuleRun
 from onnxslim_kit.passes.fuse.fold_common import (
-    FLOAT_KINDS, apply_each, fold_into, is_op, local_producer, match_target,
+    FLOAT_KINDS, FoldPlan, apply_each, fold_into, is_op, local_producer, match_target,
     per_channel, rank_of, sole_reader, split_constant,
 )
-from onnxslim_kit.passes._common.graph import const_value
 
 AFFINE_OPS = ("Mul", "Add", "Sub", "Div")
 
 
-def _plan(node, graph, node_ids, ops) -> tuple | str | None:
-    """Match + check: (target, scale, shift) or a reason; None when ``node`` does not follow a
-    node of ``ops`` with a constant operand."""
+def _plan(node, graph, node_ids, ops) -> MatchResult:
+    """Match + check: a :class:`FoldPlan` or a reason; not concerned when ``node`` does not
+    follow a node of ``ops`` with a constant operand."""
     value, index, other = split_constant(node)
     if value is None:
-        return None
+        return NOT_CONCERNED
     producer = local_producer(other, node_ids)
     if producer is None or not is_op(producer, *ops):
-        return None
+        return NOT_CONCERNED
     if index == 0 and node.op in ("Sub", "Div"):
-        return "affine: constant first operand"
+        return MatchResult.fail("affine: constant first operand")
     if not sole_reader(other, graph, node):
-        return "affine: producer output has other readers"
-    target = match_target(producer)
-    if isinstance(target, str):
-        return f"affine: {target}"
+        return MatchResult.fail("affine: producer output has other readers")
+    found = match_target(producer)
+    if not found.ok:
+        return found.prefixed("affine: ")
+    target = found.value
     vector = per_channel(value, target.channels, target.rank)
     if vector is None:
-        return "affine: not per-channel"
+        return MatchResult.fail("affine: not per-channel")
     if node.op == "Div" and not np.all(vector != 0):
-        return "affine: division by zero"
+        return MatchResult.fail("affine: division by zero")
     if node.op in ("Mul", "Div") and target.weight_shared():
-        return "affine: shared weight"
+        return MatchResult.fail("affine: shared weight")
     if node.op in ("Mul", "Div"):
-        return target, (vector if node.op == "Mul" else 1.0 / vector), None
-    return target, None, (vector if node.op == "Add" else -vector)
+        return MatchResult.of(FoldPlan(target, vector if node.op == "Mul" else 1.0 / vector, None, (node,)))
+    return MatchResult.of(FoldPlan(target, None, vector if node.op == "Add" else -vector, (node,)))
 
 
-def fold_affine(graph: gs.Graph, model, result, ops: tuple) -> int:
+def fold_affine(graph: gs.Graph, run: RuleRun, ops: tuple) -> int:
     """Fold constant Mul / Add / Sub / Div nodes that follow a node of ``ops``."""
 
-    def rewrite(node, plan):
-        target, scale, shift = plan
-        fold_into(target, model, graph, scale, shift, node.outputs[0], [node])
+    def rewrite(node, plan: FoldPlan):
+        fold_into(plan.target, run.model, graph, plan.scale, plan.shift, node.outputs[0], plan.consumed)
 
-    return apply_each(graph, result, AFFINE_OPS, partial(_plan, ops=ops), rewrite)
+    return apply_each(graph, run, AFFINE_OPS, partial(_plan, ops=ops), rewrite)
 
 
-def _plan_gemm(add, graph, node_ids) -> tuple | str | None:
+def _plan_gemm(add, graph, node_ids) -> MatchResult:
     bias, index, other = split_constant(add)
     matmul = local_producer(other, node_ids) if bias is not None else None
     if not is_op(matmul, "MatMul") or len(matmul.inputs) != 2:
-        return None
+        return NOT_CONCERNED
     weight = const_value(matmul.inputs[1])
     if weight is None or weight.ndim != 2 or weight.dtype.kind not in FLOAT_KINDS:
-        return None
+        return NOT_CONCERNED
     if const_value(matmul.inputs[0]) is not None:
-        return None
+        return NOT_CONCERNED
     n = weight.shape[1]
     if bias.shape not in ((), (1,), (n,), (1, 1), (1, n)):
-        return "matmul+add: bias not broadcast along the last dim"
+        return MatchResult.fail("matmul+add: bias not broadcast along the last dim")
     if not sole_reader(other, graph, add):
-        return "matmul+add: matmul output has other readers"
+        return MatchResult.fail("matmul+add: matmul output has other readers")
     rank = rank_of(matmul.inputs[0])
     if rank != 2:
         reason = "input rank unknown" if rank is None else "input not 2-D"
-        return f"matmul+add: {reason}, kept (ORT fuses MatMul+Add)"
-    return matmul, add.inputs[index]
+        return MatchResult.fail(f"matmul+add: {reason}, kept (ORT fuses MatMul+Add)")
+    return MatchResult.of((matmul, add.inputs[index]))
 
 
-def matmul_add_to_gemm(graph: gs.Graph, model, result) -> int:
+def matmul_add_to_gemm(graph: gs.Graph, run: RuleRun) -> int:
     """``Add(MatMul(x, W), c)`` → ``Gemm(x, W, c)`` for a 2-D x (W and c reused as they are)."""
+    model = run.model
 
     def rewrite(add, plan):
         matmul, bias = plan
@@ -132,7 +134,7 @@ def matmul_add_to_gemm(graph: gs.Graph, model, result) -> int:
             inputs=[x, weight, bias], outputs=[out],
         )
 
-    return apply_each(graph, result, ("Add",), _plan_gemm, rewrite)
+    return apply_each(graph, run, ("Add",), _plan_gemm, rewrite)
 
 
 RULES = [

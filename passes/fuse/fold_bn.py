@@ -49,11 +49,12 @@ from functools import partial
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxslim_kit.passes._common.graph import attr, const_value, new_constant
+from onnxslim_kit.passes._common.match import NOT_CONCERNED, MatchResult, RuleRun
 from onnxslim_kit.passes.fuse.fold_common import (
-    TARGET_OPS, apply_each, fold_into, is_op, local_producer, match_target,
+    TARGET_OPS, FoldPlan, apply_each, fold_into, is_op, local_producer, match_target,
     per_channel, rank_of, sole_reader, split_constant,
 )
-from onnxslim_kit.passes._common.graph import attr, const_value, new_constant
 
 
 def _inference_reason(bn) -> str | None:
@@ -66,19 +67,19 @@ def _inference_reason(bn) -> str | None:
     return None
 
 
-def _affine(bn) -> tuple | str:
-    """(s, t) in float64, or a reason."""
+def _affine(bn) -> MatchResult:
+    """Payload (s, t) in float64, or the reason BN is not an inference-form affine map."""
     reason = _inference_reason(bn)
     if reason:
-        return reason
+        return MatchResult.fail(reason)
     params = [const_value(t) for t in bn.inputs[1:5]]
     if any(p is None for p in params):
-        return "bn: non-constant parameters"
+        return MatchResult.fail("bn: non-constant parameters")
     gamma, beta, mean, var = (p.astype(np.float64) for p in params)
     if gamma.ndim != 1 or not gamma.shape == beta.shape == mean.shape == var.shape:
-        return "bn: parameters not 1-D of one length"
+        return MatchResult.fail("bn: parameters not 1-D of one length")
     scale = gamma / np.sqrt(var + float(attr(bn, "epsilon", 1e-5)))
-    return scale, beta - mean * scale
+    return MatchResult.of((scale, beta - mean * scale))
 
 
 def _chain(bn, node_ids):
@@ -95,65 +96,66 @@ def _chain(bn, node_ids):
     return None
 
 
-def _plan(bn, graph, node_ids, ops) -> tuple | str | None:
-    """Match + check: (target, scale, shift, [nodes that go]) or a reason; None when BN has no
-    candidate producer of one of ``ops``."""
+def _plan(bn, graph, node_ids, ops) -> MatchResult:
+    """Match + check: a :class:`FoldPlan` or a reason; not concerned when BN has no candidate
+    producer of one of ``ops``."""
     chain = _chain(bn, node_ids)
     if chain is None or chain[0].op not in ops:
-        return None
+        return NOT_CONCERNED
     producer, add = chain
     affine = _affine(bn)
-    if isinstance(affine, str):
+    if not affine.ok:
         return affine
-    scale, shift = affine
+    scale, shift = affine.value
     if add is None:
         if not sole_reader(bn.inputs[0], graph, bn):
-            return "bn: producer output has other readers"
+            return MatchResult.fail("bn: producer output has other readers")
     elif not (sole_reader(bn.inputs[0], graph, bn) and sole_reader(split_constant(add)[2], graph, add)):
-        return "bn: producer output has other readers"
-    target = match_target(producer)
-    if isinstance(target, str):
-        return f"bn: {target}"
+        return MatchResult.fail("bn: producer output has other readers")
+    found = match_target(producer)
+    if not found.ok:
+        return found.prefixed("bn: ")
+    target = found.value
     if target.channels != scale.shape[0]:
-        return "bn: channel count mismatch"
+        return MatchResult.fail("bn: channel count mismatch")
     if add is not None:
         bias = per_channel(split_constant(add)[0], target.channels, target.rank)
         if bias is None:
-            return "bn: bias add not per-channel"
+            return MatchResult.fail("bn: bias add not per-channel")
         shift = bias * scale + shift
     if target.weight_shared():
-        return "bn: shared weight"
-    return target, scale, shift, [n for n in (add, bn) if n is not None]
+        return MatchResult.fail("bn: shared weight")
+    return MatchResult.of(FoldPlan(target, scale, shift, tuple(n for n in (add, bn) if n is not None)))
 
 
-def fold_bn(graph: gs.Graph, model, result, ops: tuple) -> int:
+def fold_bn(graph: gs.Graph, run: RuleRun, ops: tuple) -> int:
     """Fold every BN whose producer is one of ``ops`` into it."""
 
-    def rewrite(bn, plan):
-        target, scale, shift, consumed = plan
-        fold_into(target, model, graph, scale, shift, bn.outputs[0], consumed)
+    def rewrite(bn, plan: FoldPlan):
+        fold_into(plan.target, run.model, graph, plan.scale, plan.shift, bn.outputs[0], plan.consumed)
 
-    return apply_each(graph, result, ("BatchNormalization",), partial(_plan, ops=ops), rewrite)
+    return apply_each(graph, run, ("BatchNormalization",), partial(_plan, ops=ops), rewrite)
 
 
-def _plan_mul_add(bn, graph, node_ids) -> tuple | str | None:
+def _plan_mul_add(bn, graph, node_ids) -> MatchResult:
     if _chain(bn, node_ids) is not None:
-        return None  # a fold rule's business (applied, or skipped with its reason)
+        return NOT_CONCERNED  # a fold rule's business (applied, or skipped with its reason)
     affine = _affine(bn)
-    if isinstance(affine, str):
+    if not affine.ok:
         return affine
     if getattr(bn.inputs[0], "dtype", None) is None and int(getattr(graph, "opset", 0) or 0) >= 15:
-        return "bn: input dtype unknown"  # from opset 15 γ, β, μ, σ² may have another dtype than x
+        return MatchResult.fail("bn: input dtype unknown")  # from opset 15 γ, β, μ, σ² may have another dtype than x
     rank = rank_of(bn.inputs[0])
     if rank is None:
-        return "bn: input rank unknown"
+        return MatchResult.fail("bn: input rank unknown")
     if rank < 2:
-        return "bn: input rank < 2"
-    return affine + (rank,)
+        return MatchResult.fail("bn: input rank < 2")
+    return MatchResult.of(affine.value + (rank,))
 
 
-def bn_to_mul_add(graph: gs.Graph, model, result) -> int:
+def bn_to_mul_add(graph: gs.Graph, run: RuleRun) -> int:
     """BN with no candidate producer → Mul + Add with constants broadcasting on axis 1."""
+    model = run.model
 
     def rewrite(bn, plan):
         scale, shift, rank = plan
@@ -172,7 +174,7 @@ def bn_to_mul_add(graph: gs.Graph, model, result) -> int:
             gs.Node("Add", name=model.fresh_name(base + "_add"), inputs=[mid, shift_c], outputs=[out]),
         ]
 
-    return apply_each(graph, result, ("BatchNormalization",), _plan_mul_add, rewrite)
+    return apply_each(graph, run, ("BatchNormalization",), _plan_mul_add, rewrite)
 
 
 RULES = [

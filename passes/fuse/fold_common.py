@@ -27,7 +27,8 @@ held by constants are never modified in place: a constant read only by the targe
 array; a bias read by other nodes too is copied into a new constant; a weight read by other
 nodes is *not* copied (that would double the weight): the caller skips with "shared weight".
 
-Helpers here never raise for "does not apply": they return a reason string.
+Helpers here never raise for "does not apply": they return a failed
+:class:`~onnxslim_kit.passes._common.match.MatchResult` with the reason.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes._common.graph import as_array, attr, const_value, is_onnx_op, new_constant, only_consumer, producer
+from onnxslim_kit.passes._common.match import MatchResult, RuleRun
 
 TARGET_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 FLOAT_KINDS = "f"
@@ -111,28 +113,57 @@ def rank_of(tensor, depth: int = 32) -> int | None:
     node = producer(tensor)
     if node is None or depth <= 0 or not is_onnx_op(node, node.op):
         return None
-    op = node.op
-    if op in ("Flatten", "Gemm"):
-        return 2
-    if op in ("Conv", "ConvTranspose") and len(node.inputs) > 1:
-        weight = const_value(node.inputs[1])
-        return weight.ndim if weight is not None else rank_of(node.inputs[0], depth - 1)
-    if op == "Reshape" and len(node.inputs) > 1:
-        shape = const_value(node.inputs[1])
-        return int(shape.size) if shape is not None else None
-    if op in _SAME_RANK and node.inputs and node.outputs and node.outputs[0] is tensor:
-        return rank_of(node.inputs[0], depth - 1)
-    if op in _BROADCAST:
-        ranks = [rank_of(t, depth - 1) for t in node.inputs]
-        return max(ranks) if ranks and None not in ranks else None
-    if op == "MatMul" and len(node.inputs) == 2:
-        a, b = (rank_of(t, depth - 1) for t in node.inputs)
-        if a is None or b is None:
-            return None
-        if a == 1 or b == 1:
-            return max(a, b) - 1
-        return max(a, b)
+    rule = _RANK_RULES.get(node.op)
+    if rule is None and node.op in _SAME_RANK:
+        rule = _same_rank
+    elif rule is None and node.op in _BROADCAST:
+        rule = _broadcast_rank
+    return rule(node, tensor, depth - 1) if rule is not None else None
+
+
+def _conv_rank(node, tensor, depth):
+    if len(node.inputs) < 2:
+        return None
+    weight = const_value(node.inputs[1])
+    return weight.ndim if weight is not None else rank_of(node.inputs[0], depth)
+
+
+def _reshape_rank(node, tensor, depth):
+    shape = const_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    return int(shape.size) if shape is not None else None
+
+
+def _same_rank(node, tensor, depth):
+    if node.inputs and node.outputs and node.outputs[0] is tensor:
+        return rank_of(node.inputs[0], depth)
     return None
+
+
+def _broadcast_rank(node, tensor, depth):
+    ranks = [rank_of(t, depth) for t in node.inputs]
+    return max(ranks) if ranks and None not in ranks else None
+
+
+def _matmul_rank(node, tensor, depth):
+    if len(node.inputs) != 2:
+        return None
+    a, b = (rank_of(t, depth) for t in node.inputs)
+    if a is None or b is None:
+        return None
+    if a == 1 or b == 1:
+        return max(a, b) - 1
+    return max(a, b)
+
+
+_RANK_RULES = {
+    "Flatten": lambda node, tensor, depth: 2,
+    "Gemm": lambda node, tensor, depth: 2,
+    "Conv": _conv_rank,
+    "ConvTranspose": _conv_rank,
+    "Reshape": _reshape_rank,
+    "MatMul": _matmul_rank,
+}
+"""op → rank rule ``(node, tensor, depth) -> rank | None``; then :data:`_SAME_RANK`, :data:`_BROADCAST`."""
 
 
 # --- targets -------------------------------------------------------------------------------
@@ -163,42 +194,66 @@ class Target:
         return not read_only_by(self.weight_tensor, self.node)
 
 
-def match_target(node) -> Target | str:
-    """``node`` as a fold target, or the reason it is not one."""
+def match_target(node) -> MatchResult:
+    """``node`` as a fold target (payload :class:`Target`), or the reason it is not one."""
     if len(node.inputs) < 2:
-        return "no weight"
+        return MatchResult.fail("no weight")
     weight = const_value(node.inputs[1])
     if weight is None or const_value(node.inputs[0]) is not None:
-        return "weight not constant"
+        return MatchResult.fail("weight not constant")
     if weight.dtype.kind not in FLOAT_KINDS:
-        return "weight not float"
+        return MatchResult.fail("weight not float")
     bias_tensor = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name != "" else None
     if bias_tensor is not None and const_value(bias_tensor) is None:
-        return "bias not constant"
-    op = node.op
-    if op == "Conv":
-        if weight.ndim < 3:
-            return "bad weight shape"
-        return Target(node, weight, weight.shape[0], weight.ndim)
-    if op == "ConvTranspose":
-        group = int(attr(node, "group", 1))
-        if weight.ndim < 3 or weight.shape[0] % group:
-            return "bad weight shape"
-        return Target(node, weight, weight.shape[1] * group, weight.ndim)
-    if op == "Gemm":
-        if weight.ndim != 2:
-            return "bad weight shape"
-        return Target(node, weight, weight.shape[0 if attr(node, "transB", 0) else 1], 2)
-    if op == "MatMul":
-        if weight.ndim != 2:
-            return "matmul weight not 2-D"
-        rank = rank_of(node.inputs[0])
-        if rank is None:
-            return "matmul input rank unknown"
-        if rank != 2:
-            return "matmul input not 2-D"
-        return Target(node, weight, weight.shape[1], 2)
-    return "not a conv/gemm"
+        return MatchResult.fail("bias not constant")
+    shaped = _TARGET_SHAPES.get(node.op)
+    if shaped is None:
+        return MatchResult.fail("not a conv/gemm")
+    found = shaped(node, weight)
+    return MatchResult.fail(found) if isinstance(found, str) else MatchResult.of(found)
+
+
+def _conv_target(node, weight):
+    return "bad weight shape" if weight.ndim < 3 else Target(node, weight, weight.shape[0], weight.ndim)
+
+
+def _conv_transpose_target(node, weight):
+    group = int(attr(node, "group", 1))
+    if weight.ndim < 3 or weight.shape[0] % group:
+        return "bad weight shape"
+    return Target(node, weight, weight.shape[1] * group, weight.ndim)
+
+
+def _gemm_target(node, weight):
+    if weight.ndim != 2:
+        return "bad weight shape"
+    return Target(node, weight, weight.shape[0 if attr(node, "transB", 0) else 1], 2)
+
+
+def _matmul_target(node, weight):
+    if weight.ndim != 2:
+        return "matmul weight not 2-D"
+    rank = rank_of(node.inputs[0])
+    if rank is None:
+        return "matmul input rank unknown"
+    if rank != 2:
+        return "matmul input not 2-D"
+    return Target(node, weight, weight.shape[1], 2)
+
+
+_TARGET_SHAPES = {"Conv": _conv_target, "ConvTranspose": _conv_transpose_target, "Gemm": _gemm_target,
+                  "MatMul": _matmul_target}
+"""op → ``(node, weight) -> Target | reason`` (the per-op layout of the table above)."""
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """What :func:`fold_into` does: ``target`` computes ``y·scale + shift`` and the ``consumed`` nodes go."""
+
+    target: Target
+    scale: np.ndarray | None
+    shift: np.ndarray | None
+    consumed: tuple = ()
 
 
 def _store(model, node, index: int, tensor, values: np.ndarray, base: str) -> None:
@@ -282,12 +337,13 @@ def _matmul_to_gemm(matmul, graph, model) -> gs.Node:
     return gemm
 
 
-def apply_each(graph: gs.Graph, result, op_types: tuple, plan, rewrite) -> int:
+def apply_each(graph: gs.Graph, run: RuleRun, op_types: tuple, plan, rewrite) -> int:
     """Match/check, then rewrite, for every node of ``op_types`` in ``graph``.
 
-    ``plan(node, graph, node_ids)`` returns None (the rule does not concern this node), a
-    reason string (counted once in ``result.skipped``) or a plan, which
-    ``rewrite(node, plan)`` carries out. Returns the number of rewrites.
+    ``plan(node, graph, node_ids)`` returns a :class:`MatchResult`: not ``ok`` with an empty
+    reason (the rule does not concern this node), not ``ok`` with a reason (counted once per
+    node in ``result.skipped``), or ``ok`` with a payload, which ``rewrite(node, payload)``
+    carries out. Returns the number of rewrites.
     """
     node_ids = {id(n) for n in graph.nodes}
     count = 0
@@ -295,22 +351,10 @@ def apply_each(graph: gs.Graph, result, op_types: tuple, plan, rewrite) -> int:
         if not node.outputs:  # removed by an earlier rewrite of this sweep
             continue
         found = plan(node, graph, node_ids)
-        if found is None:
+        if not found.ok:
+            run.skip(node, found)
             continue
-        if isinstance(found, str):
-            skip_once(result, node, found)
-            continue
-        rewrite(node, found)
+        rewrite(node, found.value)
         node_ids = {id(n) for n in graph.nodes}
         count += 1
     return count
-
-
-def skip_once(result, node, reason: str) -> None:
-    """Count ``reason`` for ``node`` once per pass run (the fuse loop re-applies every rule
-    each round; a node that stays unfoldable would otherwise be counted every round)."""
-    seen = result.__dict__.setdefault("_fold_skips", {})
-    key = (id(node), reason)
-    if key not in seen:
-        seen[key] = node  # keep the node alive so its id cannot be reused
-        result.skip(reason)

@@ -82,7 +82,8 @@ def _match(clip, graph, opset: int):
     return None
 
 
-def rewrite_hardswish(graph: gs.Graph, model, result) -> int:
+def rewrite_hardswish(graph: gs.Graph, run) -> int:
+    model = run.model
     count = 0
     for clip in [n for n in graph.nodes if n.op == "Clip"]:
         found = _match(clip, graph, model.opset)

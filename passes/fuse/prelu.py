@@ -27,14 +27,15 @@ LABEL = "PRelu → LeakyRelu / Mul+Max / Relu+Min·Mul+Add"
 MIN_OPSET = 8
 
 
-def rewrite_prelu(graph: gs.Graph, model, result) -> int:
+def rewrite_prelu(graph: gs.Graph, run) -> int:
+    model = run.model
     if model.opset < MIN_OPSET:
         return 0
     count = 0
     for node in [n for n in graph.nodes if n.op == "PRelu"]:
         slope = const_value(node.inputs[1])
         if slope is None:
-            result.skip("prelu: slope not constant")
+            run.skip_once(node, "prelu: slope not constant")
             continue
         if slope.dtype.kind != "f":
             continue

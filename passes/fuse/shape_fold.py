@@ -14,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.passes._common.graph import as_array, ensure_shapes, is_onnx_op, run_state, shape_of, skip_once
-
-
+from onnxslim_kit.passes._common.graph import as_array, is_onnx_op
+from onnxslim_kit.passes._common.match import RuleRun
 
 def _shape_dims(node: gs.Node, shape: list) -> list:
     start = int(node.attrs.get("start", 0))
@@ -40,41 +39,55 @@ def _const_ints(tensor):
 def _picked_dims(reader: gs.Node, dims: list, opset: int):
     """The dims a Gather / Slice of a Shape output selects (np.int64 array), or None."""
     if is_onnx_op(reader, "Gather") and len(reader.inputs) == 2 and reader.inputs[0] is not reader.inputs[1]:
-        if int(reader.attrs.get("axis", 0)) not in (0, -1):
-            return None
-        indices = _const_ints(reader.inputs[1])
-        if indices is None or np.any(indices < -len(dims)) or np.any(indices >= len(dims)):
-            return None
-        picked = [dims[int(i)] for i in indices.reshape(-1)]
-        if not all(isinstance(d, int) for d in picked):
-            return None
-        return np.array(picked, dtype=np.int64).reshape(indices.shape)
+        return _gathered_dims(reader, dims)
     if is_onnx_op(reader, "Slice"):
-        if opset < 10:
-            starts, ends = reader.attrs.get("starts"), reader.attrs.get("ends")
-            axes, steps = reader.attrs.get("axes"), None
-        else:
-            inputs = list(reader.inputs) + [None] * (5 - len(reader.inputs))
-            starts, ends, axes, steps = (_const_ints(t) if t is not None else None for t in inputs[1:5])
-            if any(inputs[i] is not None and not inputs[i].is_empty() and v is None
-                   for i, v in zip((1, 2, 3, 4), (starts, ends, axes, steps))):
-                return None
-        if starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
-            return None
-        if axes is not None and [int(a) for a in axes] not in ([0], [-1]):
-            return None
-        step = 1 if steps is None else int(steps[0])
-        if step < 1:
-            return None
-        picked = dims[int(starts[0]):int(ends[0]):step]
-        if not all(isinstance(d, int) for d in picked):
-            return None
-        return np.array(picked, dtype=np.int64)
+        return _sliced_dims(reader, dims, opset)
     return None
 
 
-def fold_shapes(graph, model, result) -> int:
-    ensure_shapes(model, result)
+def _known(picked) -> bool:
+    return all(isinstance(d, int) for d in picked)
+
+
+def _gathered_dims(reader: gs.Node, dims: list):
+    if int(reader.attrs.get("axis", 0)) not in (0, -1):
+        return None
+    indices = _const_ints(reader.inputs[1])
+    if indices is None or np.any(indices < -len(dims)) or np.any(indices >= len(dims)):
+        return None
+    picked = [dims[int(i)] for i in indices.reshape(-1)]
+    return np.array(picked, dtype=np.int64).reshape(indices.shape) if _known(picked) else None
+
+
+def _slice_inputs(reader: gs.Node, opset: int):
+    """(starts, ends, axes, steps) of a Slice, each None when absent; None when one given is not constant."""
+    if opset < 10:
+        return reader.attrs.get("starts"), reader.attrs.get("ends"), reader.attrs.get("axes"), None
+    inputs = list(reader.inputs) + [None] * (5 - len(reader.inputs))
+    values = tuple(_const_ints(t) if t is not None else None for t in inputs[1:5])
+    if any(t is not None and not t.is_empty() and v is None for t, v in zip(inputs[1:5], values)):
+        return None
+    return values
+
+
+def _sliced_dims(reader: gs.Node, dims: list, opset: int):
+    params = _slice_inputs(reader, opset)
+    if params is None:
+        return None
+    starts, ends, axes, steps = params
+    if starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
+        return None
+    if axes is not None and [int(a) for a in axes] not in ([0], [-1]):
+        return None
+    step = 1 if steps is None else int(steps[0])
+    if step < 1:
+        return None
+    picked = dims[int(starts[0]):int(ends[0]):step]
+    return np.array(picked, dtype=np.int64) if _known(picked) else None
+
+
+def fold_shapes(graph, run: RuleRun) -> int:
+    shapes = run.ensure_shapes()
     count = 0
     for node in list(graph.nodes):
         if not node.outputs or not node.inputs or not is_onnx_op(node, "Shape", "Size"):
@@ -82,38 +95,44 @@ def fold_shapes(graph, model, result) -> int:
         data = node.inputs[0]
         if isinstance(data, gs.Constant):
             continue  # plain constant folding
-        shape = shape_of(data)
+        shape = shapes.shape(data)
         if shape is None:
-            skip_once(model, result, node, f"{node.op.lower()} folding: input shape unknown")
+            run.skip_once(node, f"{node.op.lower()} folding: input shape unknown")
             continue
         shape = [int(d) if isinstance(d, (int, np.integer)) else None for d in shape]
-        if node.op == "Size":
-            if all(d is not None for d in shape):
-                _to_constant(node, np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64))
-                count += 1
-            else:
-                skip_once(model, result, node, "size folding: input shape not static")
-            continue
-        dims = _shape_dims(node, shape)
-        if all(d is not None for d in dims):
-            _to_constant(node, np.array(dims, dtype=np.int64))
-            count += 1
-            continue
-        out = node.outputs[0]
-        folded = 0
-        for reader in list(out.outputs):
-            if not reader.outputs or reader.inputs[0] is not out:
-                continue
-            picked = _picked_dims(reader, dims, model.opset)
-            if picked is not None:
-                _to_constant(reader, picked)
-                folded += 1
-        if not folded and out.outputs:
-            skip_once(model, result, node, "shape folding: input shape not static")
-        count += folded
+        folder = _fold_size if node.op == "Size" else _fold_shape
+        count += folder(node, shape, run)
     if count:
-        run_state(model, result)["dirty"] = True
+        run.dirty = True
     return count
+
+
+def _fold_size(node: gs.Node, shape: list, run: RuleRun) -> int:
+    if all(d is not None for d in shape):
+        _to_constant(node, np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64))
+        return 1
+    run.skip_once(node, "size folding: input shape not static")
+    return 0
+
+
+def _fold_shape(node: gs.Node, shape: list, run: RuleRun) -> int:
+    """``Shape`` made constant, or else the Gather / Slice readers that pick only known dims."""
+    dims = _shape_dims(node, shape)
+    if all(d is not None for d in dims):
+        _to_constant(node, np.array(dims, dtype=np.int64))
+        return 1
+    out = node.outputs[0]
+    folded = 0
+    for reader in list(out.outputs):
+        if not reader.outputs or reader.inputs[0] is not out:
+            continue
+        picked = _picked_dims(reader, dims, run.opset)
+        if picked is not None:
+            _to_constant(reader, picked)
+            folded += 1
+    if not folded and out.outputs:
+        run.skip_once(node, "shape folding: input shape not static")
+    return folded
 
 
 def _producer(tensor):
@@ -125,39 +144,55 @@ def _own_dims(part, data, rank, opset):
     node = _producer(part)
     if node is None or not node.outputs:
         return None
-    if is_onnx_op(node, "Unsqueeze"):
-        axes = node.attrs.get("axes") if opset < 13 else _const_ints(node.inputs[1] if len(node.inputs) > 1 else None)
-        inner = _own_dims(node.inputs[0], data, rank, opset)
-        if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] not in ([0], [-1]) or inner is None:
-            return None
-        return _Dims(inner) if len(inner) == 1 and inner.scalar else None
-    if is_onnx_op(node, "Shape"):
-        if node.inputs[0] is not data:
-            return None
-        if rank is None:
-            return None
-        start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
-        return _Dims(range(rank)[start:None if end is None else int(end)])
-    if is_onnx_op(node, "Gather", "Slice"):
-        source = node.inputs[0]
-        shape_node = _producer(source)
-        if shape_node is None or not is_onnx_op(shape_node, "Shape") or shape_node.inputs[0] is not data:
-            return None
-        all_dims = _own_dims(source, data, rank, opset)
-        if all_dims is None:
-            return None
-        if node.op == "Gather":
-            if int(node.attrs.get("axis", 0)) not in (0, -1):
-                return None
-            indices = _const_ints(node.inputs[1])
-            if indices is None or indices.ndim > 1 or np.any(indices >= len(all_dims)) or np.any(indices < -len(all_dims)):
-                return None
-            picked = _Dims(all_dims[int(i)] for i in indices.reshape(-1))
-            picked.scalar = indices.ndim == 0
-            return picked
+    for ops, rule in _OWN_DIMS_RULES:
+        if is_onnx_op(node, *ops):
+            return rule(node, data, rank, opset)
+    return None
+
+
+def _unsqueezed_dims(node, data, rank, opset):
+    """``Unsqueeze(Gather(Shape(data), i), [0])``: the scalar dim ``i`` as a 1-D tensor."""
+    axes = node.attrs.get("axes") if opset < 13 else _const_ints(node.inputs[1] if len(node.inputs) > 1 else None)
+    inner = _own_dims(node.inputs[0], data, rank, opset)
+    if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] not in ([0], [-1]) or inner is None:
+        return None
+    return _Dims(inner) if len(inner) == 1 and inner.scalar else None
+
+
+def _shape_own_dims(node, data, rank, opset):
+    if node.inputs[0] is not data or rank is None:
+        return None
+    start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
+    return _Dims(range(rank)[start:None if end is None else int(end)])
+
+
+def _picked_own_dims(node, data, rank, opset):
+    """``Gather`` / ``Slice`` of ``Shape(data)``."""
+    source = node.inputs[0]
+    shape_node = _producer(source)
+    if shape_node is None or not is_onnx_op(shape_node, "Shape") or shape_node.inputs[0] is not data:
+        return None
+    all_dims = _own_dims(source, data, rank, opset)
+    if all_dims is None:
+        return None
+    if node.op == "Slice":
         picked = _picked_dims(node, list(all_dims), opset)
         return None if picked is None else _Dims(int(i) for i in picked.reshape(-1))
-    return None
+    if int(node.attrs.get("axis", 0)) not in (0, -1):
+        return None
+    indices = _const_ints(node.inputs[1])
+    if indices is None or indices.ndim > 1 or np.any(indices >= len(all_dims)) or np.any(indices < -len(all_dims)):
+        return None
+    picked = _Dims(all_dims[int(i)] for i in indices.reshape(-1))
+    picked.scalar = indices.ndim == 0
+    return picked
+
+
+_OWN_DIMS_RULES = (
+    (("Unsqueeze",), _unsqueezed_dims),
+    (("Shape",), _shape_own_dims),
+    (("Gather", "Slice"), _picked_own_dims),
+)
 
 
 class _Dims(list):
@@ -166,8 +201,9 @@ class _Dims(list):
     scalar = False
 
 
-def constant_reshape_targets(graph, model, result) -> int:
-    ensure_shapes(model, result)
+def constant_reshape_targets(graph, run: RuleRun) -> int:
+    shapes = run.ensure_shapes()
+    model = run.model
     count = 0
     opset = model.opset
     for node in list(graph.nodes):
@@ -176,7 +212,7 @@ def constant_reshape_targets(graph, model, result) -> int:
         data, target = node.inputs
         if isinstance(target, gs.Constant) or int(node.attrs.get("allowzero", 0)):
             continue
-        shape = shape_of(data)
+        shape = shapes.shape(data)
         rank = len(shape) if shape is not None else None
         concat = _producer(target)
         if concat is not None and is_onnx_op(concat, "Concat") and int(concat.attrs.get("axis", 0)) in (0, -1):

@@ -15,8 +15,10 @@ Steps:
 
 1. models that already hold Q/DQ or integer ops pass through untouched (counted reason);
 2. layers found (Conv / MatMul / Gemm / Gather tables of the main graph; layers inside
-   If/Loop bodies are counted, not quantized), ``include`` / ``exclude`` applied; nothing
-   left → nothing changes (not even the opset);
+   If/Loop bodies are counted, not quantized), ``include`` / ``exclude`` (selectors,
+   :mod:`onnxslim_kit.selection`, chosen among the layers; each must match a node) and the
+   global ``--exclude`` applied — the layers they leave out stay as they were (float, and
+   out of ``cle``); nothing left → nothing changes (not even the opset);
 3. opset < 13: upgraded to 13 (per-channel ``DequantizeLinear`` needs ``axis``); when the
    converter fails, per-tensor weights on opset ≥ 10, nothing below;
 4. with ``cle``: cross-layer equalization of (Conv → Relu →) Conv pairs (:mod:`onnxslim_kit.passes.int8.cle`);
@@ -57,9 +59,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model
-from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes._quant.maths import calib
 from onnxslim_kit.passes.int8 import plan as plan_mod
@@ -74,11 +76,11 @@ from onnxslim_kit.passes.int8.fallback import (
     activations,
     choose_fallback,
     collect_trials,
-    parse_target,
     search_scope,
     trial_copy,
 )
 from onnxslim_kit.passes.int8.integer_io import make_integer_io
+from onnxslim_kit.passes.int8.options import check_ladder, check_target, parse_ladder, parse_target
 from onnxslim_kit.passes._quant.qdq import (
     RUNGS,
     activation_params,
@@ -91,15 +93,6 @@ from onnxslim_kit.passes._quant.qdq import (
 from onnxslim_kit.passes.int8.speed import latency_ratio
 
 KEEP_BYTES = 256 << 20  # smoothable activations kept for their smoothed statistics, at most
-
-
-def parse_ladder(text: str) -> list:
-    """``"dynamic;weights"`` → ["dynamic", "weights"]; ``none`` / empty → []."""
-    rungs = [r.strip() for r in (text or "").split(";") if r.strip() not in ("", "none", "float")]
-    bad = [r for r in rungs if r not in RUNGS]
-    if bad:
-        raise UserError(f"int8(ladder={text}): unknown rung {bad[0]!r}; use {', '.join(RUNGS)} or none")
-    return rungs
 
 
 def calib_samples(ctx):
@@ -158,7 +151,7 @@ class Int8Pass(Pass):
         "per_channel": Option(bool, True, "per-output-channel weight scales (needs opset ≥ 13)"),
         "calib_samples": Option(int, 0, "calibration samples to use (0: the whole feed)"),
         "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off); "
-                       "Softmax outputs over ≤ 32 classes must also keep their decisions to V"),
+                       "Softmax outputs over ≤ 32 classes must also keep their decisions to V", parse=check_target),
         "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
         "eval_samples": Option(int, 8, "samples used to score the target and measure the bias correction"),
         "cle": Option(bool, False, "cross-layer equalization of (Conv → Relu →) Conv pairs before calibration"),
@@ -175,15 +168,18 @@ class Int8Pass(Pass):
         "rank_samples": Option(int, 1, "samples used to rank layers end to end (e2e, hybrid)"),
         "ladder": Option(str, "dynamic;weights", "fallback rungs between static int8 and float, ';'-separated, "
                          "from int8 towards float: dynamic (MatMul/Gemm: DynamicQuantizeLinear + MatMulInteger), "
-                         "weights (int8 weights, float compute; ORT folds them at load); 'none': straight to float"),
+                         "weights (int8 weights, float compute; ORT folds them at load); 'none': straight to float",
+                         parse=check_ladder),
         "io": Option(str, "float", "model inputs/outputs: float, or uint8 / int8 (full-integer, encodings in "
                      "the model's metadata)", ("float", "uint8", "int8")),
         "speed_check": Option(bool, False, "time float vs int8 in ORT (optimizations on, 1 thread) and keep "
                               "the model float when int8 is not faster (the output then depends on "
                               "timing: off by default so runs are deterministic)"),
         "speed_margin": Option(float, 0.9, "speed_check: keep int8 only when its latency ≤ this × float's"),
-        "include": Option(str, "", "only these layers: 'op:Conv;name:REGEX;first:OP:N;last:OP:N' (';'-separated)"),
-        "exclude": Option(str, "", "keep these layers float, same syntax as include, or 'all' (e.g. last:Conv:1)"),
+        "include": Option(str, "", "only these layers (a selector: NAME;re:REGEX;op:TYPE;first:TYPE:N;last:TYPE:N;"
+                          "all, first/last counting layers)", parse=Selector.parse),
+        "exclude": Option(str, "", "keep these layers float (a selector, as include; e.g. last:Conv:1, all); "
+                          "the global --exclude too", parse=Selector.parse),
         "max_range": Option(float, 1e4, "keep tensors with calibrated |x| above this float (0: off)"),
         "heads": Option(bool, True, "keep inputs of Sigmoid/Softmax decision heads float"),
         "log": Option(bool, True, "keep tensors feeding a Log (spectra) float"),
@@ -201,13 +197,14 @@ class Int8Pass(Pass):
         if any(is_quantized(g) for g in model.all_graphs()):
             result.skip("already quantized (has Q/DQ or integer ops)")
             return result
-        target = parse_target(opts["target"])  # a bad target or ladder fails before the calibration
+        target = parse_target(opts["target"])  # checked by resolve() already (the option hooks)
         ladder = parse_ladder(opts["ladder"])
         for sub in list(model.all_graphs())[1:]:
             result.skip("layer in an If/Loop body (not calibrated)",
                         sum(1 for n in sub.nodes if n.op in plan_mod.LAYER_OPS))
         first_look = PassResult()
-        if not self._layers(model, opts, first_look):  # decided before any opset upgrade
+        chosen = self._layers(model, ctx, first_look)
+        if not chosen:  # decided before any opset upgrade
             result.skipped.update(first_look.skipped)
             result.skip("no layer to quantize")
             self._store_body_weights(model, ctx, target, result)
@@ -215,9 +212,10 @@ class Int8Pass(Pass):
         per_channel = self._prepare_opset(model, opts["per_channel"], result)
         if per_channel is None:
             return result
-        if opts["cle"]:
-            result.metrics["cle_pairs"] = equalize(model.graph, result)
-        layers = self._layers(model, opts, result)
+        if opts["cle"]:  # the convs the selectors leave float are left as they are
+            alone = {n.name for n in model.graph.nodes if n.op == "Conv"} - {l.name for l in chosen}
+            result.metrics["cle_pairs"] = equalize(model.graph, result, alone)
+        layers = self._layers(model, ctx, result)
         start = time.perf_counter()  # the calibration phase: smoothing peaks, activation ranges
         groups = smooth_mod.smoothable(layers) if opts["smooth"] > 0 else {}
         stats, peaks, kept = self._calibrate(model, layers, ctx, sorted(groups))
@@ -309,20 +307,35 @@ class Int8Pass(Pass):
         result.skip("opset < 10 and the upgrade to 13 failed")
         return None
 
-    def _layers(self, model, opts, result) -> list:
-        """The layers of the main graph after include / exclude (unnamed nodes get names)."""
+    def _layers(self, model, ctx, result) -> list:
+        """The layers of the main graph after include / exclude / the global --exclude
+        (unnamed nodes get names first, so that selectors and reports can name them)."""
         for node in model.graph.nodes:
             if not node.name:
                 node.name = model.fresh_name(f"int8/{node.op}")
-        return self._filter(plan_mod.find_layers(model.graph, result), opts, result)
-
-    def _filter(self, layers, opts, result):
-        include = plan_mod.parse_selectors(opts["include"], "include")
-        exclude = plan_mod.parse_selectors(opts["exclude"], "exclude")
-        keep = plan_mod.select(layers, include) if include else {l.name for l in layers}
-        keep -= plan_mod.select(layers, exclude)
-        result.skip("excluded by include/exclude", len(layers) - len(keep))
+        layers = plan_mod.find_layers(model.graph, result)
+        keep = self._selected(model.graph, layers, ctx, result)
         return [l for l in layers if l.name in keep]
+
+    @staticmethod
+    def _selected(graph, layers, ctx, result) -> set:
+        """Names of the ``layers`` left after the selectors (:mod:`onnxslim_kit.selection`,
+        chosen among the layers: ``first:Conv:1`` is the first Conv *layer*). The pass's own
+        ``include`` / ``exclude`` must each match a node; the global ``--exclude`` may not
+        (earlier passes renamed or removed nodes)."""
+        opts = ctx.options
+        include = Selector.coerce(opts["include"], "int8(include=...)")
+        exclude = Selector.coerce(opts["exclude"], "int8(exclude=...)")
+        nodes = [l.node for l in layers]
+        keep = {l.name for l in layers}
+        if include:
+            keep &= include.select(graph, "int8(include=...)", must_match=True, among=nodes)
+        keep -= exclude.select(graph, "int8(exclude=...)", must_match=True, among=nodes)
+        result.skip("excluded by include/exclude", len(layers) - len(keep))
+        glob = getattr(ctx, "exclude", Selector.EMPTY) or Selector.EMPTY
+        globally = glob.select(graph, "--exclude", must_match=False, among=nodes) & keep
+        result.skip("excluded by --exclude", len(globally))
+        return keep - globally
 
     def _calibrate(self, model, layers, ctx, smoothable=()) -> tuple:
         """(statistics of every Q point, per-channel peaks of the ``smoothable`` tensors, those

@@ -18,7 +18,8 @@ Conditions (each failure is a counted reason):
 2. both convs have constant float weights read by them alone (bias of Conv1 too);
 3. Conv2 is a plain conv (``group = 1``) or depthwise (``group`` = its input channels, one
    filter per channel); Conv1 may be grouped or not (its output channels are its rows);
-4. ``s_c`` is clipped to [1e-3, 1e3]; channels where either range is 0 keep ``s_c = 1``.
+4. ``s_c`` is clipped to [1e-3, 1e3]; channels where either range is 0 keep ``s_c = 1``;
+5. neither conv is one the selectors leave alone (``skip``: excluded, or not included).
 
 Exact in real arithmetic (float rounding only). Applied once per pair in graph order; a
 conv in the middle of a chain is first Conv2 then Conv1, as the paper iterates.
@@ -60,13 +61,17 @@ def _weights_ok(conv) -> bool:
     return w is not None and w.dtype == np.float32 and exclusive_constant(conv.inputs[1], conv) and bias_ok
 
 
-def equalize(graph, result) -> int:
-    """Equalize every (Conv → [Relu] →) Conv pair of ``graph``; returns the count."""
+def equalize(graph, result, skip=frozenset()) -> int:
+    """Equalize every (Conv → [Relu] →) Conv pair of ``graph`` (none with a conv named in
+    ``skip``); returns the count."""
     count = 0
     for conv1 in [n for n in graph.nodes if is_onnx_op(n, "Conv")]:
         conv2, reason = _pair(conv1, graph)
         if conv2 is None:
             result.skip(f"cle: {reason}")
+            continue
+        if conv1.name in skip or conv2.name in skip:
+            result.skip("cle: excluded conv")
             continue
         if not (_weights_ok(conv1) and _weights_ok(conv2)):
             result.skip("cle: weight not a float constant of the conv alone")

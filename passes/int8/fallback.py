@@ -70,7 +70,6 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
-from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare
 from onnxslim_kit.runtime import (
     EXTERNAL_FOLDER,
@@ -85,7 +84,6 @@ from onnxslim_kit.streaming import set_location
 
 from onnxslim_kit.passes._quant.smooth import is_lazy
 
-METRICS = ("cos", "top1")
 DECISION_CLASSES = 32  # Softmax outputs over at most this many classes are also judged by their decisions
 BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run batched ...
 BATCH_SAMPLES = 2  # ... this many at a time (MiniLM, during a run: 7 samples +40 MB, 4 +24, 2 +14; 105 → 108 runs)
@@ -99,21 +97,6 @@ def run(session, sample: dict) -> dict:
         return run_once(session, sample)
     finally:
         give_back()
-
-
-def parse_target(text: str):
-    """``"cos:0.99"`` → ("cos", 0.99); empty / ``none`` → None."""
-    text = (text or "").strip()
-    if text in ("", "none", "off"):
-        return None
-    metric, _, value = text.partition(":")
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if metric not in METRICS or number is None or not 0 < number <= 1:
-        raise UserError(f"int8(target={text}): expected cos:VALUE or top1:VALUE with 0 < VALUE ≤ 1")
-    return metric, number
 
 
 def fast_cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -29,21 +29,17 @@ float entirely, one whose *output* must stay float is quantized on its inputs on
 * ``log``: tensors at most ``LOG_DEPTH`` elementwise ops upstream of a Log (spectra);
 * ``concat_ratio``: outputs of a Concat whose inputs' ``max|x|`` differ by more than this factor.
 
-Selectors (``exclude=`` / ``include=``), separated by ``;``:
-``all`` · ``op:Conv`` · ``name:REGEX`` (re.search on the node name) ·
-``first:OP:N`` / ``last:OP:N`` (first / last N layers of op type OP in topological order,
-``*`` for any), e.g. ``exclude=last:Conv:1;name:^head``.
+Selectors (``exclude=`` / ``include=``) are :class:`onnxslim_kit.selection.Selector` s
+chosen among these layers: ``first:OP:N`` / ``last:OP:N`` count layers, not every node of
+that op type (e.g. ``exclude=last:Conv:1;re:^head``).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
-
-from onnxslim_kit.errors import UserError
 
 from onnxslim_kit.passes._common.graph import attr, const_value, consumers, is_graph_output, is_onnx_op, producer
 
@@ -91,28 +87,41 @@ def _is_float_var(t) -> bool:
 
 
 def _match(node: gs.Node, result) -> Layer | None:
+    """The layer ``node`` is, or None with a counted reason (conditions 1–4 of the docstring)."""
+    return _MATCHERS[node.op](node, result)
+
+
+def _match_conv(node: gs.Node, result) -> Layer | None:
     ins = node.inputs
-    if node.op == "Conv":
-        w = const_value(ins[1]) if len(ins) > 1 else None
-        if not _is_float_var(ins[0]) or w is None or w.dtype != np.float32 or not 3 <= w.ndim <= 5:
-            return result.skip("Conv: weight not a float constant")
-        bias = const_value(ins[2]) if len(ins) > 2 else None
-        if len(ins) > 2 and bias is None:
-            return result.skip("Conv: bias not constant")
-        return Layer(node, 1, 0, [ins[0]], node.outputs[0], bias)
-    if node.op == "Gather":
-        table = const_value(ins[0])
-        if table is None or table.dtype != np.float32 or table.size < MIN_TABLE or const_value(ins[1]) is not None:
-            return result.skip("Gather: not a float table of at least 4096 values")
-        return Layer(node, 0, None, [], node.outputs[0])
-    if node.op == "MatMul":
-        a, b = const_value(ins[0]), const_value(ins[1])
-        if a is None and b is None and _is_float_var(ins[0]) and _is_float_var(ins[1]):
-            return Layer(node, None, None, [ins[0], ins[1]], node.outputs[0])
-        if a is None and b is not None and b.ndim == 2 and b.dtype == np.float32 and _is_float_var(ins[0]):
-            return Layer(node, 1, 1, [ins[0]], node.outputs[0])
-        return result.skip("MatMul: constant A or weight of rank ≠ 2")
-    # Gemm
+    w = const_value(ins[1]) if len(ins) > 1 else None
+    if not _is_float_var(ins[0]) or w is None or w.dtype != np.float32 or not 3 <= w.ndim <= 5:
+        return result.skip("Conv: weight not a float constant")
+    bias = const_value(ins[2]) if len(ins) > 2 else None
+    if len(ins) > 2 and bias is None:
+        return result.skip("Conv: bias not constant")
+    return Layer(node, 1, 0, [ins[0]], node.outputs[0], bias)
+
+
+def _match_gather(node: gs.Node, result) -> Layer | None:
+    ins = node.inputs
+    table = const_value(ins[0])
+    if table is None or table.dtype != np.float32 or table.size < MIN_TABLE or const_value(ins[1]) is not None:
+        return result.skip("Gather: not a float table of at least 4096 values")
+    return Layer(node, 0, None, [], node.outputs[0])
+
+
+def _match_matmul(node: gs.Node, result) -> Layer | None:
+    ins = node.inputs
+    a, b = const_value(ins[0]), const_value(ins[1])
+    if a is None and b is None and _is_float_var(ins[0]) and _is_float_var(ins[1]):
+        return Layer(node, None, None, [ins[0], ins[1]], node.outputs[0])
+    if a is None and b is not None and b.ndim == 2 and b.dtype == np.float32 and _is_float_var(ins[0]):
+        return Layer(node, 1, 1, [ins[0]], node.outputs[0])
+    return result.skip("MatMul: constant A or weight of rank ≠ 2")
+
+
+def _match_gemm(node: gs.Node, result) -> Layer | None:
+    ins = node.inputs
     b = const_value(ins[1])
     c = const_value(ins[2]) if len(ins) > 2 else None
     if attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0 or attr(node, "beta", 1.0) != 1.0:
@@ -126,6 +135,9 @@ def _match(node: gs.Node, result) -> Layer | None:
     return Layer(node, 1, 0 if attr(node, "transB", 0) else 1, [ins[0]], node.outputs[0], bias)
 
 
+_MATCHERS = {"Conv": _match_conv, "Gather": _match_gather, "MatMul": _match_matmul, "Gemm": _match_gemm}
+
+
 def _q_point(out: gs.Variable, graph: gs.Graph) -> gs.Variable:
     if is_onnx_op(producer(out), "Gather"):
         return out  # its Q must follow it directly (same scale as the table)
@@ -135,59 +147,6 @@ def _q_point(out: gs.Variable, graph: gs.Graph) -> gs.Variable:
         if clip.op == "Relu" or all(const_value(t) is not None for t in clip.inputs[1:] if t is not None):
             return clip.outputs[0]
     return out
-
-
-# --- selectors ------------------------------------------------------------------------------
-
-@dataclass
-class Selector:
-    kind: str
-    op: str = "*"
-    pattern: re.Pattern | None = None
-    count: int = 0
-
-
-def parse_selectors(text: str, option: str) -> list:
-    out = []
-    for item in (p.strip() for p in (text or "").split(";")):
-        if not item:
-            continue
-        kind, _, rest = item.partition(":")
-        if kind == "all" and not rest:
-            out.append(Selector("all"))
-        elif kind == "op" and rest:
-            out.append(Selector("op", op=rest))
-        elif kind == "name" and rest:
-            try:
-                out.append(Selector("name", pattern=re.compile(rest)))
-            except re.error as exc:
-                raise UserError(f"int8({option}=...): bad regex {rest!r}: {exc}") from None
-        elif kind in ("first", "last") and re.fullmatch(r"[A-Za-z*]+:\d+", rest):
-            op, n = rest.split(":")
-            out.append(Selector(kind, op=op, count=int(n)))
-        else:
-            raise UserError(
-                f"int8({option}=...): cannot read {item!r}; use all, op:TYPE, name:REGEX, "
-                f"first:OP:N or last:OP:N separated by ';'"
-            )
-    return out
-
-
-def select(layers: list, selectors: list) -> set:
-    """Names of the layers any selector matches."""
-    chosen = set()
-    for sel in selectors:
-        if sel.kind == "all":
-            chosen.update(l.name for l in layers)
-        elif sel.kind == "op":
-            chosen.update(l.name for l in layers if l.node.op == sel.op)
-        elif sel.kind == "name":
-            chosen.update(l.name for l in layers if sel.pattern.search(l.name or ""))
-        else:
-            same = [l for l in sorted(layers, key=lambda l: l.order) if sel.op in ("*", l.node.op)]
-            picked = same[: sel.count] if sel.kind == "first" else same[len(same) - sel.count:] if sel.count else []
-            chosen.update(l.name for l in picked)
-    return chosen
 
 
 # --- safeguards -----------------------------------------------------------------------------

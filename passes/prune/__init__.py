@@ -32,7 +32,19 @@ Modes (chosen by the options):
   weights (:mod:`onnxslim_kit.passes.prune.sparsity`); the file compresses better, inference is not faster.
 
 Dependency groups (:mod:`onnxslim_kit.passes.prune.groups`) decide what must be cut together; what cannot be
-cut is skipped with the reason counted in the report. ``explain=true`` adds each group's
+cut is skipped with the reason counted in the report.
+
+``exclude=SELECTOR`` (:mod:`onnxslim_kit.selection`: ``NAME``, ``re:REGEX``, ``op:TYPE``,
+``first:TYPE:N``, ``last:TYPE:N``, ``all``, separated by ``;``) and the global ``--exclude``
+(``ctx.exclude``) keep the **output channels** of every selected node: its output layout is
+blocked ("unprunable: excluded"), and with it every channel unit coupled to it (a residual
+Add, a depthwise Conv after it) — channels that must be cut together are kept together. A
+selected node that *reads* the channels of a pruned layer before it still loses those input
+channels (its weight is sliced along the input axis and re-fitted): keeping them would keep
+the producer's channels too, which ``exclude=`` of the producer does. With ``sparsity`` /
+``nm`` a selected node's weight is left dense. The pass's own ``exclude=`` must select at
+least one node (exit 2 with the closest names otherwise); terms of ``--exclude`` that match
+nothing are ignored. ``explain=true`` adds each group's
 description to the notes. Strip always runs first (also with ``ratio``).
 
 Concrete tensor shapes, needed to see through Reshape/Flatten and Resize, come from one
@@ -62,13 +74,15 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
-from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes._common.graph import const_value
 from onnxslim_kit.passes.prune.apply import apply
@@ -96,10 +110,37 @@ def concrete_shapes(model, sample: dict) -> dict:
     return shapes
 
 
-def analyse_model(model, ctx):
+EXCLUDE_WHERE = "prune(exclude=…)"
+EXCLUDED = "excluded"
+
+
+def analyse_model(model, ctx, keep=frozenset()):
+    """The channel graph of the main graph; the output channels of the nodes named in ``keep`` blocked."""
     model.graph.toposort()
     sample = ctx.feed.take(1)[0]
-    return analyse(model.graph, concrete_shapes(model, sample))
+    cg = analyse(model.graph, concrete_shapes(model, sample))
+    keep_outputs(cg, keep)
+    return cg
+
+
+def keep_outputs(cg, keep) -> int:
+    """Block the channels of every output of the nodes named in ``keep``; returns how many tensors."""
+    blocked = 0
+    for node in cg.graph.nodes:
+        if node.name in keep:
+            for out in node.outputs:
+                if out.name in cg.layouts:
+                    cg.block(cg.layouts[out.name], f"{EXCLUDED} ({node.name})")
+                    blocked += 1
+    return blocked
+
+
+def excluded_names(model, ctx) -> set:
+    """Names selected by the pass's ``exclude=`` (must match) and by the global ``--exclude``."""
+    own = Selector.coerce(ctx.options.get("exclude"), EXCLUDE_WHERE)
+    names = own.select(model.graph, where=EXCLUDE_WHERE, must_match=True)
+    common = Selector.coerce(getattr(ctx, "exclude", None), "--exclude")
+    return names | common.select(model.graph, where="--exclude", must_match=False)
 
 
 def compressed_weight_bytes(model) -> int:
@@ -146,6 +187,10 @@ class PrunePass(Pass):
         "explain": Option(bool, False, "describe every dependency group in the notes"),
         "samples": Option(int, 16, "calibration samples used for importance and re-fit"),
         "seed": Option(int, 0, "seed of the random criterion and of position sampling"),
+        "exclude": Option(str, "", "nodes whose output channels are kept (selector: NAME; re:REGEX; op:TYPE; "
+                          "first:TYPE:N; last:TYPE:N; all). Channels coupled to them stay too; a selected "
+                          "node still loses input channels of a pruned layer before it; its weight is not "
+                          "sparsified", parse=Selector.parse),
     }
 
     def is_lossless(self, options: dict) -> bool:
@@ -157,11 +202,12 @@ class PrunePass(Pass):
         nm = parse_nm(opts["nm"])
         if not 0 <= opts["ratio"] < 1 or not 0 <= opts["sparsity"] < 1:
             raise UserError("prune: ratio and sparsity must be in [0, 1)")
+        keep = excluded_names(model, ctx)
         result.metrics["params_before"] = _param_count(model)
         for sub in list(model.all_graphs())[1:]:
             result.skip("layer in an If/Loop body (only the main graph is pruned)",
                         sum(1 for n in sub.nodes if n.op in PRUNABLE_OPS))
-        cg = analyse_model(model, ctx)
+        cg = analyse_model(model, ctx, keep)
         groups = cg.groups()
         if opts["explain"]:
             result.notes.extend(cg.describe(g) for g in groups)
@@ -181,12 +227,12 @@ class PrunePass(Pass):
         if opts["ratio"] > 0:
             from onnxslim_kit.passes.prune.ratio import prune_by_ratio
 
-            prune_by_ratio(model, ctx, result, analyse_model)
+            prune_by_ratio(model, ctx, result, partial(analyse_model, keep=keep))
         if opts["sparsity"] > 0 or nm:
             from onnxslim_kit.passes.prune.sparsity import sparsify
 
             before = compressed_weight_bytes(model)
-            sparsify(model, opts["sparsity"], nm, result)
+            sparsify(model, opts["sparsity"], nm, result, keep)
             result.metrics["zlib_bytes_before"] = before
             result.metrics["zlib_bytes_after"] = compressed_weight_bytes(model)
         result.metrics["params_after"] = _param_count(model)

@@ -118,53 +118,66 @@ def _shared(tensor, node) -> bool:
 
 
 def _visit_weighted(cg, node, ins, role, shapes) -> None:
-    x, lay = node.inputs[0], ins[0]
+    lay = ins[0]
     w = const_value(node.inputs[1])
     for extra in ins[1:]:
         if extra is not None:
             cg.block(extra, f"{node.op} reads channels as a weight ({node.name})")
     if role == "depthwise":
-        if lay is None:
-            return
-        if lay.flat or lay.axis != 1 or lay.size != w.shape[0]:
-            cg.block(lay, f"depthwise Conv input layout mismatch ({node.name})")
-            return
-        cg.set_layout(node.outputs[0], Layout(lay.atoms, 1, lay.rank))
-        cg.depthwise.append((node, node.outputs[0]))
-        cg.params.append(ParamSlice(node, 1, 0, node.outputs[0]))
-        if len(node.inputs) > 2 and node.inputs[2] is not None and const_value(node.inputs[2]) is not None:
-            cg.params.append(ParamSlice(node, 2, 0, node.outputs[0]))
-        cg.passthrough.append(node)
+        _visit_depthwise(cg, node, lay, w)
         return
     if role == "grouped":
         if lay is not None:
             cg.block(lay, f"grouped {node.op} ({node.name})")
         return
-    trans_a = int(attr(node, "transA", 0)) if role == "gemm" else 0
     trans_b = int(attr(node, "transB", 0)) if role == "gemm" else 0
-    conv_like = role in ("conv", "convT")
     in_axis, out_axis = {"conv": (1, 0), "convT": (0, 1)}.get(role, (1, 0) if trans_b else (0, 1))
     if lay is not None:
-        expected_axis = 1 if conv_like else lay.rank - 1
-        features = w.shape[in_axis]
-        reason = None
-        if trans_a:
-            reason = "Gemm with transA"
-        elif lay.axis != expected_axis:
-            reason = f"{node.op} reads the channels on another axis"
-        elif lay.flat is not None and (conv_like or lay.flat[0] * lay.size * lay.flat[1] != features):
-            reason = f"{node.op} feature count does not match the flattened channels"
-        elif lay.flat is None and lay.size != features:
-            reason = f"{node.op} input count mismatch"
-        elif _shared(node.inputs[1], node):
-            reason = f"{node.op} weight shared with another node"
+        reason = _consumer_problem(node, lay, role, w.shape[in_axis])
         if reason:
             cg.block(lay, f"{reason} ({node.name})")
         else:
-            cg.consumers.append(Consumer(node, x, role, in_axis))
+            cg.consumers.append(Consumer(node, node.inputs[0], role, in_axis))
+    _add_source(cg, node, role, w, out_axis, shapes)
+
+
+def _visit_depthwise(cg, node, lay, w) -> None:
+    """A depthwise Conv passes its input's channels through (weight, bias and ``group`` follow)."""
+    if lay is None:
+        return
+    if lay.flat or lay.axis != 1 or lay.size != w.shape[0]:
+        cg.block(lay, f"depthwise Conv input layout mismatch ({node.name})")
+        return
+    cg.set_layout(node.outputs[0], Layout(lay.atoms, 1, lay.rank))
+    cg.depthwise.append((node, node.outputs[0]))
+    cg.params.append(ParamSlice(node, 1, 0, node.outputs[0]))
+    if len(node.inputs) > 2 and node.inputs[2] is not None and const_value(node.inputs[2]) is not None:
+        cg.params.append(ParamSlice(node, 2, 0, node.outputs[0]))
+    cg.passthrough.append(node)
+
+
+def _consumer_problem(node, lay, role, features: int) -> str | None:
+    """Why ``node`` cannot read the channels of ``lay`` as input channels (None: it can)."""
+    conv_like = role in ("conv", "convT")
+    if role == "gemm" and int(attr(node, "transA", 0)):
+        return "Gemm with transA"
+    if lay.axis != (1 if conv_like else lay.rank - 1):
+        return f"{node.op} reads the channels on another axis"
+    if lay.flat is not None and (conv_like or lay.flat[0] * lay.size * lay.flat[1] != features):
+        return f"{node.op} feature count does not match the flattened channels"
+    if lay.flat is None and lay.size != features:
+        return f"{node.op} input count mismatch"
+    if _shared(node.inputs[1], node):
+        return f"{node.op} weight shared with another node"
+    return None
+
+
+def _add_source(cg, node, role, w, out_axis, shapes) -> None:
+    """The node's output channels become new atoms (unless its weight is shared or its bias computed)."""
     if _shared(node.inputs[1], node) or (role == "gemm" and len(node.inputs) > 2 and node.inputs[2] is not None
                                          and const_value(node.inputs[2]) is None):
         return
+    conv_like = role in ("conv", "convT")
     out = node.outputs[0]
     rank = len(shapes[out.name]) if out.name in shapes else (w.ndim if conv_like else None)
     if rank is None:

@@ -48,7 +48,7 @@ import math
 
 import numpy as np
 
-from onnxslim_kit.pipeline import PassResult
+from onnxslim_kit.api import PassResult
 
 from onnxslim_kit.passes.prune.apply import apply
 from onnxslim_kit.passes.prune.cost import CostModel

@@ -58,9 +58,13 @@ def nm_mask(w: np.ndarray, axis: int, n: int, m: int) -> np.ndarray | None:
     return np.moveaxis(keep.reshape(moved.shape), -1, axis)
 
 
-def sparsify(model, sparsity: float, nm, result) -> None:
+def sparsify(model, sparsity: float, nm, result, keep=frozenset()) -> None:
+    """Sparsify every weight of :func:`weight_nodes` but those of the nodes named in ``keep``."""
     zeros = total = 0
     for node, axis in list(weight_nodes(model)):
+        if node.name in keep:
+            result.skip("sparsity: excluded")
+            continue
         w_tensor = node.inputs[1]
         if any(user is not node for user in w_tensor.outputs):
             result.skip("sparsity: weight shared with another node")

@@ -10,6 +10,10 @@ rank its rule asks for; ``kxk``: never).
 ``A, B`` come from
 :mod:`onnxslim_kit.passes.svd.maths.factor` (plain SVD, or whitened by the input Gram matrix from :mod:`onnxslim_kit.passes._common.layer_stats`).
 
+Which layers (:mod:`onnxslim_kit.selection`): ``include`` (default ``op:MatMul;op:Gemm;op:Conv``)
+minus ``exclude`` and the global ``--exclude`` (both counted skips); a term of ``include`` /
+``exclude`` that matches no node is an error.
+
 Conditions (each failure is a counted reason):
 
 1. the weight is a float constant read by this node alone; MatMul has it on the right, 2-D,
@@ -53,7 +57,7 @@ WordNet sentences (25 360 real tokens) removes 3.5 % of the weight-MatMul FLOPs,
 (``target=0.95``: 11.3 %, 0.940); the study's curve gives ~1.5 % at 0.99 and 28 % at 0.77, and
 the session-2 "32 % at 0.993" was an in-sample fit (0.61 on other sentences). With the 32
 sentences of session 2 the default takes 30 s (was 656 s) and factorises nothing. The pass runs
-BLAS on one thread (:func:`._blas.blas_threads`). ``mask=<input>`` (e.g. ``attention_mask``)
+BLAS on one thread (:func:`onnxslim_kit.passes._common.blas.blas_threads`). ``mask=<input>`` (e.g. ``attention_mask``)
 leaves padding rows out of the statistics; calibration samples of their own length need none.
 
 End-to-end target (``target``, default 0.99; 0 turns it off; ignored with ``force``): per-layer
@@ -67,56 +71,36 @@ lossless (``A B = W``) and is declared so.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
+from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.selection import Selector
 
-from onnxslim_kit.pipeline import Option, Pass, PassResult, register_pass
-
-from onnxslim_kit.passes.svd.alloc import (
-    FINE_GRID,
-    MAX_HALF_SAMPLES,
-    MAX_SCALE_SAMPLES,
-    Candidate,
-    Probe,
-    choose,
-    grid_ranks,
-    sensitivity,
-    spectral,
-)
 from onnxslim_kit.passes._common.blas import blas_threads
-from onnxslim_kit.passes.svd.maths.factor import Factorization, HeadsFactorization, breakeven_rank
+from onnxslim_kit.passes._common.layer_stats import collect, match
+from onnxslim_kit.passes.svd.budget import allocate
+from onnxslim_kit.passes.svd.plan import Plan, plan_layer
 from onnxslim_kit.passes.svd.rewrite import apply
 from onnxslim_kit.passes.svd.select import select
-from onnxslim_kit.passes.svd.maths.spatial import (
-    separable_attrs,
-    separable_breakeven,
-    separable_factorization,
-    separable_flops,
-)
-from onnxslim_kit.passes.svd.speed import decide, flops
-from onnxslim_kit.passes._common.layer_stats import Layer, collect, match
+from onnxslim_kit.passes.svd.speed import flops
+
+__all__ = ["Plan", "SvdPass"]
 
 MAX_NOTE_LAYERS = 40
-MIN_ROWS_PER_INPUT = 2  # whiten only with at least 2·k calibration rows (else Gram is rank-deficient)
 TARGET_SAMPLES = 8
 MAX_CHECK_SAMPLES = 64  # held out for the end-to-end check: n // CHECK_SHARE of n samples, 8 … 64
 CHECK_SHARE = 16
+DEFAULT_INCLUDE = "op:MatMul;op:Gemm;op:Conv"
 
 
-@dataclass(eq=False)
-class Plan:
-    layer: Layer
-    r: int
-    a: np.ndarray
-    b: np.ndarray
-    rows: int
-    damage: float  # (1 − kept energy) per FLOP saved
-    note: str
-    flops_after: int = 0
-    params_after: int = 0
-    mode: str = "kxk"  # or "separable" (k×1 then 1×k)
+@dataclass
+class _Data:
+    """The calibration samples the statistics are fitted on, and those the target is checked on."""
+
+    aware: bool  # whitened (data-aware) factorisation
+    samples: list
+    check: list
+    held_out: bool  # ``check`` was held out of ``samples``
 
 
 @register_pass
@@ -133,7 +117,10 @@ class SvdPass(Pass):
         "data": Option(str, "auto", "whiten with calibration statistics", ("auto", "true", "false")),
         "force": Option(bool, False, "factorise even when it does not pay off (tests, experiments)"),
         "measure": Option(bool, True, "time small layers in ORT and skip those that get slower"),
-        "ops": Option(str, "matmul+gemm+conv", "which layers to factorise, joined by '+'"),
+        "include": Option(str, DEFAULT_INCLUDE, "only these layers (a selector: NAME;re:REGEX;op:TYPE;first:TYPE:N;"
+                                               "last:TYPE:N;all)",
+                          parse=Selector.parse),
+        "exclude": Option(str, "", "layers left as they are (a selector, as include); the global --exclude too", parse=Selector.parse),
         "alloc": Option(str, "auto", "rank allocation: spectrum (per-layer loss from the whitened spectrum × "
                                      "one measured transfer factor, one global budget), sensitivity (loss "
                                      "measured per layer and rank: slow), layer (each layer's own rule); auto: "
@@ -144,6 +131,7 @@ class SvdPass(Pass):
         "spatial": Option(str, "auto", "k×k Conv: kxk (r k×k filters + 1×1), separable (k×1 + 1×k) or the "
                                        "cheaper of the two", ("auto", "kxk", "separable")),
     }
+    renamed = {"ops": f"include={DEFAULT_INCLUDE} (a selector; e.g. include=op:MatMul)"}
 
     def is_lossless(self, options: dict) -> bool:
         return bool(options.get("force")) and options.get("rank") == -1
@@ -155,45 +143,36 @@ class SvdPass(Pass):
     def _run(self, model, ctx) -> PassResult:
         result = PassResult()
         opts = ctx.options
-        kinds = {op.strip().lower() for op in opts["ops"].split("+")}
-        layers = []
-        for graph in model.all_graphs():
-            for node in graph.nodes:
-                found = match(node, graph, model.graph)
-                if isinstance(found, str):
-                    result.skip(found)
-                elif found is not None and ("matmul" if found.kind == "batched" else found.kind) in kinds:
-                    layers.append(found)
+        layers = _layers(model, ctx, result)
         if not layers:
             return result
-        data_aware = opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True))
-        samples = list(ctx.feed) if data_aware else ctx.feed.take(1)
-        check = ctx.feed.take(TARGET_SAMPLES)
-        held_out = data_aware and opts["target"] and len(samples) >= 2 * TARGET_SAMPLES
-        if held_out:  # the end-to-end check runs on samples the factors were not fitted on
-            n_check = min(max(TARGET_SAMPLES, len(samples) // CHECK_SHARE), MAX_CHECK_SAMPLES)
-            samples, check = samples[:-n_check], samples[-n_check:]
-        stats = collect(model.to_proto(), layers, samples, want_gram=data_aware, mask=opts["mask"])
-        if self._use_alloc(opts, held_out):
-            kept, measured, lines = self._allocate(model, ctx, layers, stats, samples, check, result)
-            where = "held-out calibration samples" if held_out else "calibration samples"
-            self._report(result, layers, stats, kept, opts, data_aware, len(samples), (measured, where), lines,
-                         alloc=True)
-            return result
+        data = _data(ctx)
+        stats = collect(model.to_proto(), layers, data.samples, want_gram=data.aware, mask=opts["mask"])
+        where = "held-out calibration samples" if data.held_out else "calibration samples"
+        alloc = self._use_alloc(opts, data.held_out)
+        if alloc:
+            kept, measured, lines = allocate(model, ctx, layers, stats, data.samples, data.check, result)
+        else:
+            kept, measured, lines = self._per_layer(model, ctx, layers, stats, data, result)
+        self._report(result, layers, stats, kept, opts, data.aware, len(data.samples), (measured, where), lines,
+                     alloc=alloc)
+        return result
+
+    def _per_layer(self, model, ctx, layers, stats, data: _Data, result) -> tuple:
+        """Each layer's own rule (:mod:`onnxslim_kit.passes.svd.plan`), then the target's prefix:
+        ``(kept plans, measured cosine or None, notes)``."""
         plans, lines = [], []
         for layer in ctx.progress(layers, desc="svd", total=len(layers)):
-            plan, line = self._plan(layer, stats[layer.key], opts, data_aware, result)
+            plan, line = plan_layer(layer, stats[layer.key], ctx.options, data.aware, result)
             lines.append(line)
             if plan is not None:
                 plans.append(plan)
-        kept, measured = self._choose(model, check, plans, opts)
+        kept, measured = self._choose(model, data.check, plans, ctx.options)
         for plan in kept:
             kind = "conv (k×1, 1×k)" if plan.mode == "separable" else plan.layer.kind
             result.rewrite(f"{kind} → 2 × {'conv' if plan.layer.kind == 'conv' else 'matmul'}")
         result.skip("dropped to hold the output target", len(plans) - len(kept))
-        where = "held-out calibration samples" if held_out else "calibration samples"
-        self._report(result, layers, stats, kept, opts, data_aware, len(samples), (measured, where), lines)
-        return result
+        return kept, measured, lines
 
     @staticmethod
     def _use_alloc(opts, held_out: bool) -> bool:
@@ -203,72 +182,6 @@ class SvdPass(Pass):
             return (held_out and bool(opts["target"]) and not opts["force"]
                     and not (opts["rank"] or opts["ratio"] or opts["energy"]))
         return opts["alloc"] in ("spectrum", "sensitivity")
-
-    def _allocate(self, model, ctx, layers, stats, samples, check, result) -> tuple:
-        """``alloc=spectrum|sensitivity`` (:mod:`onnxslim_kit.passes.svd.alloc`): ``(kept plans, measured cosine, notes)``."""
-        opts, cands, lines = ctx.options, [], []
-        measured_grid = opts["alloc"] == "sensitivity"
-        grid = {} if measured_grid else {"grid": FINE_GRID}
-        for layer in layers:
-            entry = stats[layer.key]
-            name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
-            halves = [entry.half(i) for i in (0, 1)]
-            if layer.kind == "batched" or entry.gram is None or halves[1][0] is None:
-                result.skip("batched weight (alloc=layer factorises it per head)")
-                lines.append(f"{name}: kept (batched weight: not allocated; alloc=layer factorises it per head)")
-                continue
-            rows = entry.rows_per_sample
-            full = Factorization(layer.matrix, entry.normalized_gram, entry.gram_rows, entry.fourth)
-            cand = Candidate(layer, full, tuple(Factorization(layer.matrix, *h) for h in halves),
-                             flops(rows, layer.k, layer.n), half_grams=tuple(h[0] for h in halves))
-            w_shape = layer.node.inputs[1].values.shape if layer.kind == "conv" else (layer.k, layer.n)
-            attrs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in layer.node.attrs.items()))
-            kind = "conv" if layer.kind == "conv" else "matmul"
-            ranks = [r for r in grid_ranks(layer.k, layer.n, breakeven_rank(layer.k, layer.n), **grid)
-                     if decide(kind, entry.shape, w_shape, rows, layer.k, layer.n, r, attrs, opts["measure"])[0]]
-            if not ranks:
-                result.skip("factorised layer would be slower")
-                lines.append(f"{name}: kept (no grid rank is faster: "
-                             f"{decide(kind, entry.shape, w_shape, rows, layer.k, layer.n, 1, attrs, opts['measure'])[1]} "
-                             "at rank 1 or the FLOPs saved are < 5 %)")
-                continue
-            cand.ranks = ranks
-            cands.append(cand)
-        if not cands:
-            return [], None, lines
-        trials = samples[:2 * MAX_HALF_SAMPLES] if measured_grid else samples[:MAX_SCALE_SAMPLES]
-        probe = Probe(model.to_proto(), trials + check)
-        for cand in ctx.progress(cands, desc="svd sensitivity", total=len(cands)):
-            layer, rows = cand.layer, stats[cand.layer.key].rows_per_sample
-            cost = lambda r, layer=layer, rows=rows: flops(rows, layer.k, layer.n, r)  # noqa: E731
-            if measured_grid:
-                sensitivity(probe, cand, cand.ranks, cost, len(trials))
-            else:
-                spectral(probe, cand, cand.ranks, cost, list(range(len(trials))))
-        how = "cross-fitted" if measured_grid else "estimated (cross-fitted spectrum × transfer factor)"
-        pick, measured = choose(probe, cands, list(range(len(trials), len(trials) + len(check))), opts["target"])
-        kept = []
-        for cand in cands:
-            layer, rows = cand.layer, stats[cand.layer.key].rows_per_sample
-            name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
-            step = max(len(cand.options) // 8, 1)  # at most ~8 ranks in the note
-            losses = ", ".join(f"{r}:{loss:.1e}" for r, _s, loss in cand.options[::step])
-            if cand.scale is not None:
-                losses += f"; transfer factor {cand.scale:.3g}"
-            r = pick.get(id(cand))
-            if r is None:
-                result.skip("not worth its measured loss")
-                lines.append(f"{name}: kept ({how} loss per rank {losses})")
-                continue
-            a, b = cand.full.factors(r)
-            apply(model, layer, a, b)
-            plan = Plan(layer, r, a, b, rows, 0.0, "", flops(rows, layer.k, layer.n, r), r * (layer.k + layer.n))
-            kept.append(plan)
-            result.rewrite(f"{layer.kind} → 2 × {'conv' if layer.kind == 'conv' else 'matmul'}")
-            lines.append(f"{name}: r={r} (break-even {breakeven_rank(layer.k, layer.n)}, "
-                         f"{1 - plan.flops_after / cand.flops_before:.0%} of its FLOPs removed; {how} "
-                         f"loss per rank {losses})")
-        return kept, measured, lines
 
     def _choose(self, model, check: list, plans: list, opts) -> tuple:
         """The plans to apply (applied on return) and the measured output cosine (or None)."""
@@ -317,70 +230,58 @@ class SvdPass(Pass):
                 return f"{key}={opts[key]}"
         return f"per-layer output cosine ≥ {opts['cosine']} (kept energy ≥ {opts['cosine'] ** 2:.6f})"
 
-    @staticmethod
-    def _plan(layer: Layer, entry, opts, data_aware: bool, result) -> tuple:
-        """``(Plan or None, one-line note)`` for ``layer``."""
-        name = f"{layer.node.name or layer.node.op} {layer.k}×{layer.n}"
-        whiten = data_aware and entry.gram_rows >= MIN_ROWS_PER_INPUT * layer.k and layer.kind != "batched"
-        if data_aware and not whiten:
-            name += f" (plain: {entry.gram_rows} rows < {MIN_ROWS_PER_INPUT}·k)"
-        if layer.kind == "batched":
-            name = f"{layer.node.name or layer.node.op} {layer.heads}×{layer.k}×{layer.n} (per head, plain)"
-            fact = HeadsFactorization(layer.node.inputs[1].values)
-        else:
-            fact = Factorization(layer.matrix, entry.normalized_gram if whiten else None,
-                                 entry.gram_rows, entry.fourth)
-        heldout = None
-        if whiten and entry.half(1)[0] is not None:
-            fit_gram, fit_rows, fit_fourth = entry.half(0)
-            heldout = Factorization(layer.matrix, fit_gram, fit_rows, fit_fourth).heldout_cosine(
-                layer.matrix, entry.half(1)[0])
-        r, _rule = fact.choose_rank(opts["rank"], opts["ratio"], opts["energy"], opts["cosine"], heldout)
-        cos = float(heldout[r - 1]) if heldout is not None else math.sqrt(fact.kept_energy(r))
-        breakeven = breakeven_rank(layer.k, layer.n)
-        rows = entry.rows_per_sample
-        w_shape = layer.node.inputs[1].values.shape if layer.kind == "conv" else (layer.k, layer.n)
-        cand = {"mode": "kxk", "r": r, "cos": cos, "breakeven": breakeven, "fact": fact,
-                "flops": flops(rows, layer.k, layer.n, r), "params": r * (layer.k + layer.n) * layer.heads}
-        separable = SvdPass._separable(layer, entry, opts, w_shape)
-        if separable is not None and (opts["spatial"] == "separable" or (
-                separable["r"] <= separable["breakeven"] and
-                (r > breakeven or separable["flops"] < cand["flops"]))):
-            cand = separable
-        r, cos, breakeven = cand["r"], cand["cos"], cand["breakeven"]
-        if cand["mode"] == "separable":
-            name += " separable"
-        if not opts["force"]:
-            if r > breakeven:
-                result.skip("rank needed does not pay off")
-                return None, f"{name}: r={r} > break-even {breakeven}, kept"
-            attrs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in layer.node.attrs.items()))
-            kind = "matmul" if layer.kind != "conv" else ("separable" if cand["mode"] == "separable" else "conv")
-            if kind == "separable":
-                attrs = tuple(tuple((k, tuple(v)) for k, v in part.items()) for part in separable_attrs(layer.geometry))
-            faster, how = decide(kind, entry.shape, w_shape, rows, layer.k, layer.n, r, attrs, opts["measure"],
-                                 after=cand["flops"])
-            if not faster:
-                result.skip("factorised layer would be slower")
-                return None, f"{name}: r={r} would be slower ({how}), kept"
-        a, b = cand["fact"].factors(r)
-        saved = max(flops(rows, layer.k, layer.n) - cand["flops"], 1)
-        fact = cand["fact"]
-        shrunk = f", shrinkage {fact.shrinkage:.2f}" if fact.shrinkage is not None else ""
-        where = "held-out" if heldout is not None and cand["mode"] == "kxk" else "est."
-        note = f"{name}: r={r} (break-even {breakeven}), {where} output cosine {cos:.5f}{shrunk}"
-        return Plan(layer, r, a, b, rows, (1 - cos**2) / saved, note, cand["flops"], cand["params"],
-                    cand["mode"]), note
 
-    @staticmethod
-    def _separable(layer: Layer, entry, opts, w_shape) -> dict | None:
-        """The k×1-then-1×k candidate of a 2-D k×k Conv (None when it does not apply)."""
-        if (layer.kind != "conv" or opts["spatial"] == "kxk" or layer.geometry is None
-                or min(layer.geometry.kernel) < 2 or len(entry.shape) != 4):
-            return None
-        n, c, kh, kw = w_shape
-        fact = separable_factorization(layer.node.inputs[1].values)
-        r, _rule = fact.choose_rank(opts["rank"], opts["ratio"], opts["energy"], opts["cosine"])
-        return {"mode": "separable", "r": r, "cos": math.sqrt(fact.kept_energy(r)), "fact": fact,
-                "breakeven": separable_breakeven(n, c, kh, kw), "params": r * (c * kh + n * kw),
-                "flops": separable_flops(entry.shape, entry.rows_per_sample, layer.geometry, n, c, r)}
+def _layers(model, ctx, result: PassResult) -> list:
+    """The matched layers ``include`` selects, less those ``exclude`` and the global
+    ``--exclude`` select (counted); every candidate's reason not to apply is counted."""
+    selected = _selection(model, ctx)
+    layers = []
+    for graph in model.all_graphs():
+        for node in graph.nodes:
+            found = match(node, graph, model.graph)
+            if isinstance(found, str):
+                result.skip(found)
+            elif found is not None and id(node) in selected["include"]:
+                if id(node) in selected["--exclude"]:
+                    result.skip("excluded (--exclude)")
+                elif id(node) in selected["exclude"]:
+                    result.skip("excluded (exclude=)")
+                else:
+                    layers.append(found)
+    return layers
+
+
+def _selection(model, ctx) -> dict:
+    """``id`` of the main-graph nodes each selector selects (``include`` as given, ``exclude``:
+    must match; the default ``include`` and ``--exclude``: terms matching nothing ignored). Unnamed nodes are named first when a
+    selector could pick them one by one (a selector speaks of node names)."""
+    opts = ctx.options
+    selectors = {"include": Selector.coerce(opts["include"], "svd(include=...)"),
+                 "exclude": Selector.coerce(opts["exclude"], "svd(exclude=...)"),
+                 "--exclude": getattr(ctx, "exclude", Selector.EMPTY)}
+    if any(not node.name for node in model.graph.nodes) and any(
+            str(sel) not in ("", DEFAULT_INCLUDE) for sel in selectors.values()):
+        for node in model.graph.nodes:
+            if not node.name:
+                node.name = model.fresh_name(f"svd/{node.op}")
+    out = {}
+    for key, sel in selectors.items():
+        where = "--exclude" if key == "--exclude" else f"svd({key}=...)"
+        given = key != "--exclude" and not (key == "include" and str(sel) == DEFAULT_INCLUDE)
+        names = sel.select(model.graph, where=where, must_match=given)  # the default need not match
+        out[key] = {id(node) for node in model.graph.nodes if node.name in names}
+    return out
+
+
+def _data(ctx) -> _Data:
+    """Data-aware with real calibration data (``data=auto``) or ``data=true``; with at least
+    ``2·TARGET_SAMPLES`` samples the last ``n // CHECK_SHARE`` (8 … 64) are held out for the check."""
+    opts = ctx.options
+    aware = opts["data"] == "true" or (opts["data"] == "auto" and not getattr(ctx.feed, "generated", True))
+    samples = list(ctx.feed) if aware else ctx.feed.take(1)
+    check = ctx.feed.take(TARGET_SAMPLES)
+    held_out = aware and bool(opts["target"]) and len(samples) >= 2 * TARGET_SAMPLES
+    if held_out:  # the end-to-end check runs on samples the factors were not fitted on
+        n_check = min(max(TARGET_SAMPLES, len(samples) // CHECK_SHARE), MAX_CHECK_SAMPLES)
+        samples, check = samples[:-n_check], samples[-n_check:]
+    return _Data(aware, samples, check, held_out)

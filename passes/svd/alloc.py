@@ -24,7 +24,7 @@ So:
 instead of one per rank and half. A layer's relative output error at rank ``r`` is
 ``ε(r) = 1 − cos²`` of its own output, read off the whitened spectrum for every rank at once —
 cross-fitted as well: factors of one half, error on the Gram matrix of the other
-(:meth:`._svd_math.Factorization.heldout_cosine`), the two averaged. The end-to-end loss of a
+(:meth:`.maths.factor.Factorization.heldout_cosine`), the two averaged. The end-to-end loss of a
 small perturbation is quadratic in it, so ``loss(r) ≈ s · ε(r)``; the layer's transfer factor
 ``s`` is measured once, at the grid rank nearest 30 % of its FLOPs (``SCALE_AT``), with the
 full-data factors on ``MAX_SCALE_SAMPLES`` calibration samples. Measured on MiniLM-L6 with

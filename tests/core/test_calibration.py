@@ -115,3 +115,100 @@ def test_generated_ids_stay_inside_gathered_tables():
     assert specs["kind"].int_high == 2 and specs["ids"].int_high == 16
     sample = CalibrationFeed(list(specs.values()), None, num_samples=1).take(1)[0]
     assert sample["kind"].max() < 2
+
+
+# --- ONNX Runtime CalibrationDataReader sources and transform= --------------------------------
+
+def _sample(value: float) -> dict:
+    return {"img": np.full((1, 3, 2, 2), value, np.float32), "ids": np.zeros((1, 2), np.int64)}
+
+
+class _ReaderOnce:
+    """get_next only (as many ONNX Runtime examples): readable once."""
+
+    def __init__(self, n):
+        self.items = [_sample(i) for i in range(n)]
+        self.calls = 0
+
+    def get_next(self):
+        self.calls += 1
+        return self.items.pop(0) if self.items else None
+
+
+class _ReaderRewind(_ReaderOnce):
+    def __init__(self, n):
+        super().__init__(n)
+        self.all, self.rewinds = list(self.items), 0
+
+    def rewind(self):
+        self.rewinds += 1
+        self.items = list(self.all)
+
+
+def test_a_reader_without_rewind_is_read_once_into_memory(caplog):
+    import logging
+
+    reader = _ReaderOnce(3)
+    with caplog.at_level(logging.INFO, logger="onnxslim_kit"):
+        feed = CalibrationFeed(SPECS, reader)
+    assert [float(s["img"].flat[0]) for s in feed] == [0.0, 1.0, 2.0]
+    assert [float(s["img"].flat[0]) for s in feed] == [0.0, 1.0, 2.0]  # re-iterable
+    assert reader.calls == 4  # three samples and the None, once
+    assert "has no rewind(): its 3 samples were read once into memory" in caplog.text
+
+
+def test_a_reader_with_rewind_is_rewound_on_each_pass():
+    reader = _ReaderRewind(2)
+    feed = CalibrationFeed(SPECS, reader)
+    assert feed.count() == 2 and feed.count() == 2 and reader.rewinds == 2
+    assert feed.take(1)[0]["img"].shape == (1, 3, 2, 2)
+
+
+def test_an_onnxruntime_calibration_data_reader_subclass_works():
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):  # its __len__ raises NotImplementedError: never called
+        def __init__(self):
+            self.items = iter([_sample(1.0), _sample(2.0)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    assert CalibrationFeed(SPECS, Reader()).count() == 2
+
+
+def test_a_reader_through_optimize():
+    import onnxslim_kit
+
+    _, report = onnxslim_kit.optimize(MODEL, "fuse", calib=_ReaderOnce(2), input_shapes={"img": [1, 3, 2, 2],
+                                                                                            "ids": [1, 2]})
+    assert report.ok and report.verified_on == "calibration samples"
+    assert report.sources["calib"] == {"python": "CalibrationDataReader _ReaderOnce"}
+
+
+def test_transform_is_applied_to_every_item():
+    items = [(np.full((1, 3, 2, 2), i, np.float32), i) for i in range(3)]  # (image, label) pairs
+
+    def transform(item):
+        image, _label = item
+        return {"img": image, "ids": np.zeros((1, 2), np.int32)}
+
+    feed = CalibrationFeed(SPECS, items, transform=transform)
+    samples = list(feed)
+    assert [float(s["img"].flat[0]) for s in samples] == [0.0, 1.0, 2.0]
+    assert samples[0]["ids"].dtype == np.int64  # checked and cast after the transform
+    reader = _ReaderOnce(2)
+    reader.items = [(s["img"], 0) for s in reader.items]
+    assert CalibrationFeed(SPECS, reader, transform=transform).count() == 2
+
+
+@pytest.mark.parametrize("source, transform, match", [
+    (None, lambda s: s, "transform= needs a data source"),
+    ([_sample(0)], 3, "transform= must be a function"),
+    ([(1, 2)], None, "expected a dict of input name → array, got tuple"),
+    ([_sample(0)], lambda s: [s], "got list from transform"),
+    (object(), None, "a object is not a source"),
+])
+def test_bad_sources_and_transforms_are_user_errors(source, transform, match):
+    with pytest.raises(UserError, match=match):
+        CalibrationFeed(SPECS, source, transform=transform)

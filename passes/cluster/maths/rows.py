@@ -1,6 +1,6 @@
 """Per-row codebooks: every output channel of a weight gets ``k`` centroids of its own.
 
-A row ``c`` is the slice ``W[…, c, …]`` along the output-channel axis (:func:`._cluster_share.as_rows`).
+A row ``c`` is the slice ``W[…, c, …]`` along the output-channel axis (:func:`.share.as_rows`).
 Per row, 1-D k-means (:func:`._cluster_kmeans.kmeans_1d`, zero kept) gives at most ``k``
 centroids; short codebooks are padded with their last centroid, so all rows have ``k``:
 

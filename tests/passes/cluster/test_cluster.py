@@ -439,3 +439,44 @@ def test_recurrent_weights_few_distinct_values_exact(op, tmp_path, rng):
     folded, inits = ort_folded(out, tmp_path)
     (node,) = folded.graph.node
     assert np.array_equal(inits[node.input[1]], w) and np.array_equal(inits[node.input[2]], r)
+
+
+def two_matmuls(rng) -> onnx.ModelProto:
+    """y = (x · A) · B with named nodes ``first`` and ``second`` (A, B large enough to pay)."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "a"], ["h"], name="first"),
+         helper.make_node("MatMul", ["h", "b"], ["y"], name="second")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "a"),
+         numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("how", ["option", "global"])
+def test_excluded_node_keeps_its_float_weight(how, rng):
+    model = two_matmuls(rng)
+    feed = CalibrationFeed(input_specs(model))
+    if how == "option":
+        out, report = run_pipeline(model, parse_pass_list("cluster(target=0,exclude=re:^sec)"), feed)
+    else:
+        out, report = run_pipeline(model, parse_pass_list("cluster(target=0)"), feed, exclude="second")
+    entry = report.passes[0]
+    assert entry.skipped["excluded (--exclude)" if how == "global" else "excluded (exclude=)"] == 1
+    assert entry.rewrites == {"MatMul weight → codebook + 4-bit indices": 1}
+    second = next(n for n in out.graph.node if n.name == "second")
+    assert list(second.input) == ["h", "b"]
+    weights = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    np.testing.assert_array_equal(weights["b"], numpy_helper.to_array(model.graph.initializer[1]))
+    assert "a" not in weights
+
+
+def test_exclude_matching_nothing_is_a_user_error(rng):
+    from onnxslim_kit.errors import UserError
+
+    model = two_matmuls(rng)
+    with pytest.raises(UserError, match=r"cluster\(exclude=\.\.\.\): 'op:Conv' matches no node; closest op types: MatMul"):
+        run_cluster(model, "cluster(exclude=op:Conv)")
+    with pytest.raises(UserError, match=r"cluster\(exclude=\.\.\.\): cannot read 'last:MatMul'"):
+        run_cluster(model, "cluster(exclude=last:MatMul)")

@@ -1,4 +1,4 @@
-"""The ``fp16`` pass: Casts at the edges, block lists, the exact limit (everything blocked),
+"""The ``fp16`` pass: Casts at the edges, block lists and ``exclude=``, the exact limit (everything blocked),
 overflow and drift fallback, island merging, subgraphs, and a real model."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from conftest import run_ort
 from onnx import numpy_helper
 
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.cli import main as cli_main
+from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import cosine
-from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
+from onnxslim_kit.pipeline import parse_pass_list, resolve, run_pipeline
 
 RNG = np.random.default_rng(0)
 F16 = onnx.TensorProto.FLOAT16
@@ -92,7 +94,7 @@ def test_keep_io_false_gives_half_inputs_and_outputs():
     assert y.dtype == np.float16 and cosine(run_ort(model, x)[0], y) > 0.9999
 
 
-@pytest.mark.parametrize("options", ["block_names=.*", "block_ops=Conv;Relu;Sigmoid;Mul"])
+@pytest.mark.parametrize("options", ["exclude=re:.*", "exclude=all", "exclude=op:Conv;op:Relu;op:Sigmoid;op:Mul"])
 def test_everything_blocked_reproduces_float32_exactly(options):
     model = conv_net()
     out, report = fp16(model, options)
@@ -103,13 +105,69 @@ def test_everything_blocked_reproduces_float32_exactly(options):
 
 def test_user_block_list_keeps_those_nodes_float32():
     model = conv_net()
-    out, report = fp16(model, "block_ops=Sigmoid,merge_limit=-1")
-    assert report.skipped["block list: Sigmoid"] == 1
+    out, report = fp16(model, "exclude=op:Sigmoid,merge_limit=-1")
+    assert report.skipped["excluded (exclude=)"] == 1
     # x → Cast → … c2 → Cast(f32) → Sigmoid → Cast(f16) → Mul → Cast(f32) → y
     assert ops(out)["Cast"] == 4 and report.rewrites["node→float16"] == 4
     # with merging, Conv2 (2304 weights) and Mul join Sigmoid's float32 island: 2 Casts
-    out, report = fp16(model, "block_ops=Sigmoid")
+    out, report = fp16(model, "exclude=op:Sigmoid")
     assert ops(out)["Cast"] == 2 and report.skipped["float32 to save Casts (island merge)"] == 2
+
+
+def named_conv_net() -> onnx.ModelProto:
+    model = conv_net()
+    for node, name in zip(model.graph.node, ["conv1", "relu1", "conv2", "gate", "mul"]):
+        node.name = name
+    return model
+
+
+@pytest.mark.parametrize("how", ["option", "global"])
+def test_excluded_node_is_left_as_it_was(how):
+    """The Conv ``exclude=`` (or the global ``--exclude``) selects keeps its float32 weight and
+    computes in float32 (Casts around it); the other nodes go to float16."""
+    model = named_conv_net()
+    feed = CalibrationFeed(input_specs(model), None, num_samples=4)
+    if how == "option":
+        out, report = run_pipeline(model, parse_pass_list("fp16(exclude=conv2,merge_limit=-1)"), feed)
+        reason = "excluded (exclude=)"
+    else:
+        out, report = run_pipeline(model, parse_pass_list("fp16(merge_limit=-1)"), feed, exclude="re:^conv2$")
+        reason = "excluded (--exclude)"
+    entry = report.passes[0]
+    assert entry.skipped[reason] == 1 and entry.rewrites["node→float16"] == 4
+    conv2 = next(n for n in out.graph.node if n.name == "conv2")
+    weights = {t.name: t for t in out.graph.initializer}
+    assert weights["W2"].data_type == onnx.TensorProto.FLOAT
+    np.testing.assert_array_equal(numpy_helper.to_array(weights["W2"]),
+                                  numpy_helper.to_array(model.graph.initializer[2]))
+    assert conv2.op_type == "Conv" and conv2.input[1] == "W2"
+    producer = {o: n for n in out.graph.node for o in n.output}
+    feeding = producer[conv2.input[0]]
+    assert feeding.op_type == "Cast" and feeding.attribute[0].i == onnx.TensorProto.FLOAT  # float32 in
+    assert {t.data_type for t in out.graph.initializer if t.name != "W2"} == {F16}
+
+
+def test_exclude_errors_are_one_line_user_errors():
+    model = named_conv_net()
+    with pytest.raises(UserError, match=r"fp16\(exclude=\.\.\.\): 'conv3' matches no node; closest: conv"):
+        fp16(model, "exclude=conv3")
+    with pytest.raises(UserError, match=r"'op:Sigmod' matches no node; closest op types: Sigmoid"):
+        fp16(model, "exclude=op:Sigmod")
+    with pytest.raises(UserError, match=r"has no option 'block_ops'.*renamed: use exclude=op:TYPE"):
+        fp16(model, "block_ops=Sigmoid")
+    with pytest.raises(UserError, match=r"has no option 'block_names'.*renamed: use exclude=re:REGEX"):
+        fp16(model, "block_names=gate")
+    with pytest.raises(UserError, match=r"fp16\(target=\.\.\.\): expected cos:X, rel:X or none"):
+        resolve(parse_pass_list("fp16(target=cosine)"))  # checked before any pass runs
+
+
+def test_cli_exclude_matching_nothing_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(named_conv_net(), path)
+    assert cli_main([str(path), "--passes", "fp16(exclude=nope)", "-q", "-o", str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: fp16(exclude=...): 'nope' matches no node")
+    assert not (tmp_path / "o.onnx").exists()
 
 
 def test_default_block_list_and_shape_computation():
@@ -173,7 +231,7 @@ def test_island_merge_removes_casts_between_float32_nodes():
     # Relu sits between two float32 (blocked) nodes: in float16 it costs two Casts, so it moves
     model = build("a = Sigmoid(x)\nb = Relu(a)\nc = Tanh(b)\nd = Conv(c, W)\ny = Relu(d)",
                   "float[1, 4, 8, 8] x", {"W": RNG.standard_normal((4, 4, 1, 1)).astype(np.float32)})
-    _out, report = fp16(model, "block_ops=Sigmoid+Tanh")
+    _out, report = fp16(model, "exclude=op:Sigmoid;op:Tanh")
     assert report.skipped["float32 to save Casts (island merge)"] == 1
     assert report.rewrites == {"node→float16": 2, "Cast inserted": 2}  # Conv, Relu; Cast in and out
 

@@ -15,8 +15,12 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnxslim_kit.passes.int4 import awq as aw
 from onnxslim_kit.passes.int4 import gptq as gq
 from onnxslim_kit.passes.int4 import quant as iq
-from onnxslim_kit.passes import int4 as int4_pass
+from onnxslim_kit.passes.int4 import rewrite as int4_rewrite
+from onnxslim_kit.passes.int4 import rounds as int4_rounds
+from onnxslim_kit.passes.int4 import target as int4_target
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.cli import main as cli_main
+from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import cosine
 from onnxslim_kit.model import load_proto, save_proto
 from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
@@ -235,7 +239,7 @@ def test_float_weights_are_read_without_caching_them_in_the_graph():
     graph = gs.import_onnx(build(MATMUL, "float[2, 64] x", {"W": w}))
     const = graph.nodes[0].inputs[1]
     assert isinstance(const._values, LazyValues)
-    np.testing.assert_array_equal(int4_pass._read(const), w)
+    np.testing.assert_array_equal(int4_target.read(const), w)
     assert isinstance(const._values, LazyValues)  # still not loaded: no second float copy kept
 
 
@@ -337,7 +341,7 @@ def test_skip_last_keeps_the_head(head):
     out, report = int4(model, f"skip_last=true,head={head}")
     assert report.rewrites["MatMul→int4 nbits"] == 1
     if head == "float":
-        assert report.skipped == {"kept float (skip_last/keep)": 1}
+        assert report.skipped == {"kept float (skip_last/exclude)": 1}
         assert "W2" in inits(out)
     else:
         assert report.rewrites["kept layer→int8"] == 1
@@ -353,15 +357,54 @@ def test_heads_are_the_layers_nothing_quantized_follows():
     assert report.rewrites == {"MatMul→int4 nbits": 1} and "W2" in inits(out) and "W1" not in inits(out)
 
 
-def test_keep_regex_selects_layers_by_name():
+def three_named_layers() -> onnx.ModelProto:
     model = build("h1 = MatMul(x, W1)\nh2 = MatMul(h1, W2)\ny = MatMul(h2, W3)", "float[4, 32] x",
                   {f"W{i}": RNG.standard_normal((32, 32)).astype(np.float32) for i in (1, 2, 3)})
     for node, name in zip(model.graph.node, ["enc/q", "enc/ffn", "dec/q"]):
         node.name = name
-    _out, report = int4(model, "keep=ffn|^dec,head=int8")
+    return model
+
+
+def test_exclude_selects_layers_by_name():
+    model = three_named_layers()
+    _out, report = int4(model, "exclude=re:ffn;re:^dec,head=int8")
     assert report.rewrites == {"MatMul→int4 nbits": 1, "kept layer→int8": 2}
-    with pytest.raises(Exception, match="not a regular expression"):
-        int4(model, "keep=[a")
+    _out, report = int4(model, "exclude=last:MatMul:1;enc/q,head=int8")
+    assert report.rewrites == {"MatMul→int4 nbits": 1, "kept layer→int8": 2}
+    with pytest.raises(UserError, match="bad regular expression"):
+        int4(model, "exclude=re:[a")
+    with pytest.raises(UserError, match=r"'enc/fn' matches no node; closest: enc/ffn"):
+        int4(model, "exclude=enc/fn")
+    with pytest.raises(UserError, match="has no option 'keep'.*renamed: use exclude=re:REGEX"):
+        int4(model, "keep=ffn")
+
+
+@pytest.mark.parametrize("how", ["option", "global"])
+def test_excluded_layer_is_left_as_it_was(how):
+    """``exclude=`` (head=float) and the global ``--exclude`` (whatever ``head`` says) leave the
+    selected MatMul exactly as it was: same node, same float weight; the others become int4."""
+    model = three_named_layers()
+    feed = CalibrationFeed(input_specs(model), None, num_samples=4)
+    if how == "option":
+        out, report = run_pipeline(model, parse_pass_list("int4(exclude=enc/ffn,max_ratio=0)"), feed)
+        assert report.passes[0].skipped["kept float (skip_last/exclude)"] == 1
+    else:
+        out, report = run_pipeline(model, parse_pass_list("int4(head=int8,max_ratio=0)"), feed, exclude="enc/ffn")
+        assert report.passes[0].skipped["excluded (--exclude)"] == 1
+    assert report.passes[0].rewrites == {"MatMul→int4 nbits": 2}
+    kept = [n for n in out.graph.node if n.name == "enc/ffn"]
+    assert len(kept) == 1 and kept[0].op_type == "MatMul" and list(kept[0].input) == ["h1", "W2"]
+    np.testing.assert_array_equal(inits(out)["W2"], inits(model)["W2"])
+    assert sum(n.op_type == "MatMulNBits" for n in out.graph.node) == 2
+
+
+def test_cli_exclude_matching_nothing_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(three_named_layers(), path)
+    assert cli_main([str(path), "--passes", "int4(exclude=nope)", "-q", "-o", str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: int4(exclude=...): 'nope' matches no node")
+    assert not (tmp_path / "o.onnx").exists()
 
 
 @pytest.mark.parametrize("sequential, rounds", [("true", 2), ("false", 1)])
@@ -434,9 +477,9 @@ def test_int8_blocks_round_trip_and_matmulnbits_bits8_is_exact():
     np.testing.assert_array_equal(again, codes)  # on-grid values survive
     model = build(MATMUL, "float[3, 200] x", {"W": np.ascontiguousarray(wt.T)})
     m = Model.from_proto(model)
-    target = int4_pass._match(next(nd for nd in m.graph.nodes if nd.op == "MatMul"))
+    target = int4_target.match(next(nd for nd in m.graph.nodes if nd.op == "MatMul"))
     consts = [gs.Constant("B8", codes), gs.Constant("S8", scale), None]
-    int4_pass._rewrite_nbits(m, target, consts, (200, 24, 8, 128), {"accuracy_level": 0})
+    int4_rewrite.rewrite_nbits(m, target, consts, (200, 24, 8, 128), {"accuracy_level": 0})
     m.commit()
     x = feeds(model)
     np.testing.assert_allclose(run_ort(m.to_proto(), x)[0], x["x"] @ deq.T, rtol=1e-4, atol=1e-4)
@@ -473,15 +516,15 @@ def test_gptq_hessians_in_small_rounds_give_the_same_model(monkeypatch):
                    "W2": RNG.standard_normal((k, k)).astype(np.float32)})
     one_round, _ = int4(model, "method=gptq,max_ratio=0", samples=8)
     rounds = []
-    original = int4_pass._hessian_rounds
+    original = int4_rounds.hessian_rounds
 
     def counted(*args):
         for part in original(*args):
             rounds.append(sorted(part))
             yield part
 
-    monkeypatch.setattr(int4_pass, "HESSIAN_BYTES_PER_ROUND", 1)
-    monkeypatch.setattr(int4_pass, "_hessian_rounds", counted)
+    monkeypatch.setattr(int4_rounds, "HESSIAN_BYTES_PER_ROUND", 1)
+    monkeypatch.setattr(int4_rounds, "hessian_rounds", counted)
     small_rounds, _ = int4(model, "method=gptq,max_ratio=0", samples=8)
     assert len(rounds) == 2 and all(len(r) == 1 for r in rounds)
     assert small_rounds.SerializeToString() == one_round.SerializeToString()
@@ -492,10 +535,10 @@ def test_int4_results_held_packed_give_the_same_model(monkeypatch):
     the bytes, unpacked exactly, and the model is byte for byte the one made from unpacked codes."""
     qw = gq.quantize_gptq(RNG.standard_normal((24, 80)).astype(np.float32),
                           gq.hessian_update(None, RNG.standard_normal((40, 80))), 16, False)
-    packed = int4_pass._packed(qw)
+    packed = int4_rounds.packed(qw)
     assert packed.q.nbytes * 2 == qw.q.nbytes
-    assert np.array_equal(int4_pass._codes(packed).q, qw.q) and int4_pass._codes(qw) is qw
-    assert np.array_equal(iq.dequantize(int4_pass._codes(packed)), iq.dequantize(qw))
+    assert np.array_equal(int4_rounds.codes(packed).q, qw.q) and int4_rounds.codes(qw) is qw
+    assert np.array_equal(iq.dequantize(int4_rounds.codes(packed)), iq.dequantize(qw))
     k = 64
     model = build("h = MatMul(x, W1)\nr = Relu(h)\ny = MatMul(r, W2)", f"float[8, {k}] x",
                   {"W1": RNG.standard_normal((k, k)).astype(np.float32),
@@ -504,6 +547,6 @@ def test_int4_results_held_packed_give_the_same_model(monkeypatch):
     bits = sorted(next((a.i for a in n.attribute if a.name == "bits"), 0) for n in held.graph.node
                   if n.op_type == "MatMulNBits")
     assert bits == [4, 8]  # one layer chosen from the held int4 results' losses, one encoded from them
-    monkeypatch.setattr(int4_pass, "_packed", lambda q: q)
+    monkeypatch.setattr(int4_rounds, "packed", lambda q: q)
     unpacked, _ = int4(model, "method=gptq,max_ratio=0.25", samples=8)
     assert held.SerializeToString() == unpacked.SerializeToString()

@@ -60,11 +60,14 @@ def test_bench_times_integer_io_model_with_its_integers(tmp_path):
     from onnxslim_kit import bench
     from onnxslim_kit.calibration import CalibrationFeed, input_specs
 
-    model = conv_chain()
+    model = conv_chain(np.random.default_rng(5))  # its own stream: independent of test order
     out, _ = quantize(model, "target=none,io=uint8")
     samples = CalibrationFeed(input_specs(model), None, num_samples=3).take(3)
     report = bench.benchmark([model, out], samples, names=["float", "uint8"], runs=3, warmup=1, memory=True)
     float_row, int_row = report.rows
     assert int_row["error"] is None and int_row["latency_ms"]["median"] > 0
-    assert int_row["drift"]["y"]["cosine"] > 0.99
+    # integers fed as floats would give cosine ≈ 0; 0.98, not 0.99: bench runs ORT's optimized
+    # graph, whose QLinearConv saturates on x86 without VNNI (0.988 measured on AVX2,
+    # benchmarks/results/int8-saturation-2026-12-02.md)
+    assert int_row["drift"]["y"]["cosine"] > 0.98
     assert "child failed" not in int_row["memory_method"]

