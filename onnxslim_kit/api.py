@@ -7,7 +7,8 @@
 Pass machinery (:mod:`.pass_base`, :mod:`.registry`): ``Pass``, ``Option``, ``PassResult``,
 ``PassContext``, ``register_pass``, ``available_passes``. The model (:mod:`.model`):
 ``Model``, ``model_size_bytes``, ``proto_graphs``. Errors (:mod:`.errors`): ``UserError``
-(a bad option or input: one line, exit 2). Selection (:mod:`.selection`): ``Selector``.
+(a bad option or input: one line, exit 2). Selection (:mod:`.selection`): ``Selector``,
+``exclusions`` (a pass's ``exclude=`` and the global ``--exclude``: node id → skip reason).
 Data and measurement: ``CalibrationFeed``, ``iter_activations``, ``compare``, ``merge``,
 ``cosine``, ``make_session``, ``run``. See ``docs/adding-a-pass.md``.
 """
@@ -22,10 +23,10 @@ from .model import Model, model_size_bytes, proto_graphs
 from .pass_base import Option, Pass, PassContext, PassResult
 from .registry import available_passes, register_pass
 from .runtime import make_session, run
-from .selection import Selector
+from .selection import Selector, exclusions
 
 __all__ = [
     "CalibrationFeed", "Model", "Option", "Pass", "PassContext", "PassResult", "Selector", "UserError",
-    "available_passes", "compare", "cosine", "iter_activations", "make_session", "merge", "model_size_bytes",
+    "available_passes", "compare", "cosine", "exclusions", "iter_activations", "make_session", "merge", "model_size_bytes",
     "proto_graphs", "register_pass", "run",
 ]

@@ -105,10 +105,12 @@ def parse_pass_list(text: str) -> list:
 
 
 def _split_top_level(text: str) -> list:
+    """Split a pass's option text at the commas outside parentheses. Only ``(``/``)`` nest: a
+    selector's regular expression may hold an unbalanced ``[`` or ``{``."""
     items, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        depth += ch in "([{"
-        depth -= ch in ")]}"
+        depth += ch == "("
+        depth -= ch == ")"
         if ch == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1

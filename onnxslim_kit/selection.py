@@ -35,7 +35,13 @@ included), :meth:`Selector.nodes_in` the nodes of a model's graphs (If/Loop/Scan
 ``NAME`` / ``re:`` / ``op:`` / ``all`` reach them, positions count in the main graph). Pass
 options declare ``Option(str, "", "…", parse=Selector.parse)`` (validated before any pass
 runs) and read the value with :meth:`Selector.coerce` (Python callers may give a text, a list
-or a Selector). This module is core: it imports no pass.
+or a Selector). :func:`exclusions` gives a pass the nodes its own ``exclude=`` and the global
+``--exclude`` keep out, each with its counted skip reason:
+
+    E(own, glob) = {v ↦ r_glob : v ∈ glob.nodes(must_match=False)}
+                 ∪ {v ↦ r_own  : v ∈ own.nodes(must_match=True) ∖ glob.nodes(…)}
+
+(with ``own_wins`` the own reason takes the intersection). This module is core: it imports no pass.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ from .errors import UserError
 
 KINDS = ("name", "re", "op", "first", "last", "all")
 _COUNTED = re.compile(r"([A-Za-z0-9_.*]+):(\d+)")
+OWN_REASON = "excluded (exclude=)"
+GLOBAL_REASON = "excluded (--exclude)"
 _HELP = "use NAME, re:REGEX, op:TYPE, first:TYPE:N, last:TYPE:N or all, separated by ';'"
 
 
@@ -267,3 +275,27 @@ class Selector:
 
 
 Selector.EMPTY = Selector(())
+
+
+def exclusions(graph, own: Any, glob: Any, where: str, reasons: tuple = (OWN_REASON, GLOBAL_REASON),
+               own_wins: bool = False) -> dict:
+    """``{id(node): skip reason}`` of the nodes a pass's own ``exclude=`` (``own``: every term
+    must match, errors name ``where``) and the global ``--exclude`` (``glob``: terms matching
+    nothing are ignored) select; ``reasons`` = (own reason, global reason). A node both select
+    gets the global reason, or the own one with ``own_wins``. ``graph``: the main graph (a
+    ``gs.Graph`` / ``onnx.GraphProto``: :meth:`Selector.nodes`, unnamed nodes included) or a
+    list of a model's graphs, main graph first (:meth:`Selector.nodes_in`: bodies too)."""
+    own, glob = Selector.coerce(own, where), Selector.coerce(glob, "--exclude")
+    if isinstance(graph, (list, tuple)):
+        picked_glob = glob.nodes_in(graph, "--exclude", must_match=False)
+        picked_own = own.nodes_in(graph, where, must_match=True)
+    else:
+        picked_glob = glob.nodes(graph, "--exclude", must_match=False)
+        picked_own = own.nodes(graph, where, must_match=True)
+    first, second = (picked_glob, reasons[1]), (picked_own, reasons[0])
+    if own_wins:
+        first, second = second, first
+    out = dict.fromkeys(map(id, first[0]), first[1])
+    for node in second[0]:
+        out.setdefault(id(node), second[1])
+    return out

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
 from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes._common.graph import attr, const_value, is_onnx_op
@@ -79,12 +79,10 @@ class DynamicPass(Pass):
 
     @staticmethod
     def _excluded(graphs: list, ctx) -> dict:
-        """``{id(node): skip reason}`` of the nodes ``exclude=`` or the global ``--exclude`` select."""
-        own = Selector.coerce(ctx.options["exclude"], "dynamic(exclude=...)")
-        glob = getattr(ctx, "exclude", Selector.EMPTY) or Selector.EMPTY
-        out = {id(n): "excluded by --exclude" for n in glob.nodes_in(graphs, "--exclude", must_match=False)}
-        out.update({id(n): "excluded by exclude" for n in own.nodes_in(graphs, "dynamic(exclude=...)")})
-        return out
+        """``{id(node): skip reason}`` of the nodes ``exclude=`` or the global ``--exclude`` select
+        (in every graph: :func:`onnxslim_kit.selection.exclusions`; a node both select: ``exclude``)."""
+        return exclusions(graphs, ctx.options["exclude"], getattr(ctx, "exclude", None), "dynamic(exclude=...)",
+                          ("excluded by exclude", "excluded by --exclude"), own_wins=True)
 
     # --- MatMul / Gemm --------------------------------------------------------------------
     def _matmul(self, model, graph, node, opts, result) -> None:

@@ -114,17 +114,6 @@ def _conv_layer(node, graph, values):
 _LAYER_KINDS = {"MatMul": _matmul_layer, "Gemm": _gemm_layer, "Conv": _conv_layer}
 
 
-def match(node: gs.Node, graph: gs.Graph, main: gs.Graph) -> Layer | str | None:
-    """:func:`match_layer` in the older form: a :class:`Layer`, a reason, or None (not a candidate).
-
-    Kept for callers not yet moved to :func:`match_layer`; new code uses that.
-    """
-    found = match_layer(node, graph, main)
-    if found.ok:
-        return found.value
-    return found.reason or None
-
-
 @dataclass(frozen=True)
 class ConvGeometry:
     kernel: tuple

@@ -89,7 +89,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
 from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes.cluster import stream
@@ -108,7 +108,8 @@ from onnxslim_kit.passes.cluster.maths.share import (
     stack_key,
 )
 from onnxslim_kit.passes._common.graph import const_value, exclusive_constant, is_onnx_op
-from onnxslim_kit.passes._common.layer_stats import collect, match
+from onnxslim_kit.passes._common.layer_stats import collect, match_layer
+from onnxslim_kit.passes._common.match import NOT_CONCERNED
 
 # op -> input positions that may hold a weight
 WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1),
@@ -356,9 +357,9 @@ class ClusterPass(Pass):
         """Layers (``Y = X W`` with W at input 1) and their input Gram matrices."""
         layers = {}
         for item in items:
-            found = match(item.node, item.graph, model.graph) if item.index == 1 else None
-            if found is not None and not isinstance(found, str) and found.kind != "batched":
-                layers[id(item.node)] = found
+            found = match_layer(item.node, item.graph, model.graph) if item.index == 1 else NOT_CONCERNED
+            if found.ok and found.value.kind != "batched":
+                layers[id(item.node)] = found.value
         if not layers or not samples:
             return {}, {}
         stats = collect(model.to_proto(), list(layers.values()), samples, want_gram=True)
@@ -403,22 +404,8 @@ def _data(ctx) -> _Data:
 
 def _excluded(model, ctx) -> dict:
     """``id(node)`` → skip reason for the main-graph nodes ``exclude=`` (must match) and the
-    global ``--exclude`` select. Unnamed nodes are named first (a selector speaks of names)."""
-    own = Selector.coerce(ctx.options["exclude"], "cluster(exclude=...)")
-    glob = getattr(ctx, "exclude", Selector.EMPTY)
-    if not (own or glob):
-        return {}
-    for node in model.graph.nodes:
-        if not node.name:
-            node.name = model.fresh_name(f"cluster/{node.op}")
-    names = {"excluded (--exclude)": glob.select(model.graph, where="--exclude", must_match=False),
-             "excluded (exclude=)": own.select(model.graph, where="cluster(exclude=...)", must_match=True)}
-    out = {}
-    for reason, chosen in names.items():
-        for node in model.graph.nodes:
-            if node.name in chosen:
-                out.setdefault(id(node), reason)
-    return out
+    global ``--exclude`` select (:func:`onnxslim_kit.selection.exclusions`)."""
+    return exclusions(model.graph, ctx.options["exclude"], getattr(ctx, "exclude", None), "cluster(exclude=...)")
 
 
 def _summarize(result: PassResult, opts, before: tuple, after: tuple, encoded: list, gptq: int, data: _Data) -> None:

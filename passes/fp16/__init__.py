@@ -49,7 +49,7 @@ import onnx_graphsurgeon as gs
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model, model_size_bytes
-from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
 from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes.fp16.bodies import store_body_weights_fp16
@@ -180,17 +180,20 @@ def _prepare(model: Model, ctx, result: PassResult) -> _Inputs:
 
 def _excluded(model: Model, ctx) -> dict:
     """Node name → reason, for the nodes ``exclude=`` (must match) and the global ``--exclude``
-    select (unnamed main-graph nodes are named first: a selector speaks of names)."""
+    select (:func:`onnxslim_kit.selection.exclusions`). The plan is built on copies of the
+    graph, so it speaks of names: unnamed main-graph nodes are named first."""
     own = Selector.coerce(ctx.options["exclude"], "fp16(exclude=...)")
-    glob = getattr(ctx, "exclude", Selector.EMPTY)
+    glob = Selector.coerce(getattr(ctx, "exclude", None), "--exclude")
     if not (own or glob):
         return {}
     for node in model.graph.nodes:
         if not node.name:
             node.name = model.fresh_name(f"fp16/{node.op}")
-    out = dict.fromkeys(glob.select(model.graph, where="--exclude", must_match=False), EXCLUDED_GLOBALLY)
-    for name in own.select(model.graph, where="fp16(exclude=...)", must_match=True):
-        out.setdefault(name, EXCLUDED)
+    chosen = exclusions(model.graph, own, glob, "fp16(exclude=...)", (EXCLUDED, EXCLUDED_GLOBALLY))
+    named = [(node.name, chosen[id(node)]) for node in model.graph.nodes if id(node) in chosen]
+    out = {name: reason for name, reason in named if reason == EXCLUDED_GLOBALLY}
+    for name, reason in named:
+        out.setdefault(name, reason)
     return out
 
 

@@ -102,6 +102,16 @@ def _reshape_is_noop(shape, target, allowzero):
     return True  # a single -1 is forced to s[j] by the element count
 
 
+def _remove_if(verdict, node, graph, run, what: str, unknown: str = "input shape not static") -> int:
+    """Act on a no-op check's ``verdict``: True removes ``node`` (1 when done), None (cannot
+    tell) counts ``"<what>: <unknown>"`` once, False leaves the node; returns the removals."""
+    if verdict:
+        return remove(node, graph, run, what)
+    if verdict is None:
+        run.skip_once(node, f"{what}: {unknown}")
+    return 0
+
+
 def remove_noop_reshape(graph, run) -> int:
     shapes = run.ensure_shapes()
     count = 0
@@ -116,11 +126,8 @@ def remove_noop_reshape(graph, run) -> int:
             s_in, s_out = shapes.static(data), shapes.static(out)
             if s_in is not None and s_out is not None:
                 verdict = s_in == s_out
-        if verdict:
-            count += remove(node, graph, run, "reshape")
-        elif verdict is None:
-            reason = "target shape not constant" if target is None else "input shape not static"
-            run.skip_once(node, f"reshape: {reason}")
+        count += _remove_if(verdict, node, graph, run, "reshape",
+                            "target shape not constant" if target is None else "input shape not static")
     return count
 
 
@@ -225,10 +232,7 @@ def remove_noop_slice(graph, run) -> int:
             else:
                 verdict = False
                 break
-        if verdict:
-            count += remove(node, graph, run, "slice")
-        elif verdict is None:
-            run.skip_once(node, "slice: input shape not static")
+        count += _remove_if(verdict, node, graph, run, "slice")
     return count
 
 
@@ -244,11 +248,7 @@ def remove_noop_expand(graph, run) -> int:
             run.skip_once(node, "expand: target shape not constant")
             continue
         target = [int(v) for v in np.asarray(target).reshape(-1)]
-        verdict = broadcasts_to_self(shape, target)
-        if verdict:
-            count += remove(node, graph, run, "expand")
-        elif verdict is None:
-            run.skip_once(node, "expand: input shape not static")
+        count += _remove_if(broadcasts_to_self(shape, target), node, graph, run, "expand")
     return count
 
 

@@ -92,8 +92,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnxslim_kit.model import Model
-from onnxslim_kit.api import Option, Pass, PassResult, register_pass
-from onnxslim_kit.selection import Selector
+from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
+from onnxslim_kit.selection import GLOBAL_REASON, Selector
 
 from onnxslim_kit.passes.int4.promote import promote
 from onnxslim_kit.passes.int4.rewrite import QDQ_OPSET, rewrite_encoded, rewrite_int8, upgrade
@@ -173,15 +173,15 @@ class Int4Pass(Pass):
 def _keep_out(model: Model, targets: list, ctx, result: PassResult) -> list:
     """Leave the layers the global ``--exclude`` selects as they are; rewrite (``head=int8``) or
     skip (``head=float``) the layers kept out of int4 — ``skip_last`` heads and ``exclude``
-    selections; returns the targets left for int4."""
+    selections (:func:`onnxslim_kit.selection.exclusions`); returns the targets left for int4."""
     opts = ctx.options
-    untouched = _selected(model, getattr(ctx, "exclude", Selector.EMPTY), "--exclude", must_match=False)
+    chosen = exclusions(model.graph, opts["exclude"], getattr(ctx, "exclude", None), "int4(exclude=...)")
+    untouched = {key for key, reason in chosen.items() if reason == GLOBAL_REASON}
     kept = heads(targets) if opts["skip_last"] else set()
-    kept |= _selected(model, Selector.coerce(opts["exclude"], "int4(exclude=...)"), "int4(exclude=...)",
-                      must_match=True)
+    kept |= set(chosen) - untouched
     for target in targets:
         if id(target.node) in untouched:
-            result.skip("excluded (--exclude)")
+            result.skip(GLOBAL_REASON)
         elif id(target.node) not in kept:
             continue
         elif opts["head"] == "int8" and model.opset >= 13:
@@ -190,18 +190,6 @@ def _keep_out(model: Model, targets: list, ctx, result: PassResult) -> list:
         else:
             result.skip("kept float (skip_last/exclude)" if opts["head"] == "float" else "int8 needs opset ≥ 13")
     return [t for t in targets if id(t.node) not in kept | untouched]
-
-
-def _selected(model: Model, selector: Selector, where: str, must_match: bool) -> set:
-    """``id`` of the main-graph nodes ``selector`` selects. A selector speaks of node names, so
-    unnamed nodes are named first (only when there is a selector)."""
-    if not selector:
-        return set()
-    for node in model.graph.nodes:
-        if not node.name:
-            node.name = model.fresh_name(f"int4/{node.op}")
-    names = selector.select(model.graph, where=where, must_match=must_match)
-    return {id(node) for node in model.graph.nodes if node.name in names}
 
 
 def _quantize_in_rounds(model: Model, remaining: list, first: dict, ctx, fmt: str, result: PassResult,

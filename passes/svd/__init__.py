@@ -73,11 +73,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
 from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes._common.blas import blas_threads
-from onnxslim_kit.passes._common.layer_stats import collect, match
+from onnxslim_kit.passes._common.layer_stats import collect, match_layer
 from onnxslim_kit.passes.svd.budget import allocate
 from onnxslim_kit.passes.svd.plan import Plan, plan_layer
 from onnxslim_kit.passes.svd.rewrite import apply
@@ -234,43 +234,30 @@ class SvdPass(Pass):
 def _layers(model, ctx, result: PassResult) -> list:
     """The matched layers ``include`` selects, less those ``exclude`` and the global
     ``--exclude`` select (counted); every candidate's reason not to apply is counted."""
-    selected = _selection(model, ctx)
+    included, excluded = _selection(model, ctx)
     layers = []
     for graph in model.all_graphs():
         for node in graph.nodes:
-            found = match(node, graph, model.graph)
-            if isinstance(found, str):
-                result.skip(found)
-            elif found is not None and id(node) in selected["include"]:
-                if id(node) in selected["--exclude"]:
-                    result.skip("excluded (--exclude)")
-                elif id(node) in selected["exclude"]:
-                    result.skip("excluded (exclude=)")
+            found = match_layer(node, graph, model.graph)
+            if found.counted:
+                result.skip(found.reason)
+            elif found.ok and id(node) in included:
+                if id(node) in excluded:
+                    result.skip(excluded[id(node)])
                 else:
-                    layers.append(found)
+                    layers.append(found.value)
     return layers
 
 
-def _selection(model, ctx) -> dict:
-    """``id`` of the main-graph nodes each selector selects (``include`` as given, ``exclude``:
-    must match; the default ``include`` and ``--exclude``: terms matching nothing ignored). Unnamed nodes are named first when a
-    selector could pick them one by one (a selector speaks of node names)."""
+def _selection(model, ctx) -> tuple:
+    """``id`` of the main-graph nodes ``include`` selects (as given: must match; the default:
+    terms matching nothing ignored), and ``id`` → skip reason of those ``exclude`` (must match)
+    and the global ``--exclude`` select (:func:`onnxslim_kit.selection.exclusions`)."""
     opts = ctx.options
-    selectors = {"include": Selector.coerce(opts["include"], "svd(include=...)"),
-                 "exclude": Selector.coerce(opts["exclude"], "svd(exclude=...)"),
-                 "--exclude": getattr(ctx, "exclude", Selector.EMPTY)}
-    if any(not node.name for node in model.graph.nodes) and any(
-            str(sel) not in ("", DEFAULT_INCLUDE) for sel in selectors.values()):
-        for node in model.graph.nodes:
-            if not node.name:
-                node.name = model.fresh_name(f"svd/{node.op}")
-    out = {}
-    for key, sel in selectors.items():
-        where = "--exclude" if key == "--exclude" else f"svd({key}=...)"
-        given = key != "--exclude" and not (key == "include" and str(sel) == DEFAULT_INCLUDE)
-        names = sel.select(model.graph, where=where, must_match=given)  # the default need not match
-        out[key] = {id(node) for node in model.graph.nodes if node.name in names}
-    return out
+    include = Selector.coerce(opts["include"], "svd(include=...)")
+    given = str(include) != DEFAULT_INCLUDE  # the default need not match
+    included = {id(node) for node in include.nodes(model.graph, "svd(include=...)", must_match=given)}
+    return included, exclusions(model.graph, opts["exclude"], getattr(ctx, "exclude", None), "svd(exclude=...)")
 
 
 def _data(ctx) -> _Data:

@@ -6,21 +6,11 @@ import sys
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 import pytest
-from conftest import parse
+from conftest import scale_constants
 
 from onnxslim_kit.cli import main
-from onnxslim_kit.pipeline import Pass, PassResult, register_pass
-
-MODEL = """
-<ir_version: 8, opset_import: ["" : 13]>
-g (float[1,4] x) => (float[1,4] y) <float[4] b = {1.0, 2.0, 3.0, 4.0}> {
-  i = Identity (x)
-  y = Add (i, b)
-}
-"""
-
+from onnxslim_kit.pipeline import Pass, register_pass
 
 @register_pass
 class _Scale(Pass):
@@ -28,19 +18,7 @@ class _Scale(Pass):
     lossless = True
 
     def run(self, model, ctx):
-        result = PassResult()
-        for t in model.graph.tensors().values():
-            if isinstance(t, gs.Constant):
-                t.values = np.asarray(t.values) * 3
-                result.rewrite("scaled")
-        return result
-
-
-@pytest.fixture
-def model_path(tmp_path):
-    path = tmp_path / "m.onnx"
-    onnx.save(parse(MODEL), path)
-    return path
+        return scale_constants(model, 3, "scaled")
 
 
 def test_default_output_and_json_report(model_path, tmp_path, capsys):

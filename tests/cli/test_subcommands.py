@@ -7,20 +7,11 @@ import sys
 
 import onnx
 import pytest
-from conftest import parse
+from conftest import IDENTITY_ADD, parse
 
 from onnxslim_kit.api import Pass, PassResult, register_pass
 from onnxslim_kit.cli import main
 from onnxslim_kit.recipe import tool_versions
-
-MODEL = """
-<ir_version: 8, opset_import: ["" : 13]>
-g (float[1,4] x) => (float[1,4] y) <float[4] b = {1.0, 2.0, 3.0, 4.0}> {
-  i = Identity (x)
-  y = Add (i, b)
-}
-"""
-
 
 @register_pass
 class _Boom(Pass):
@@ -28,13 +19,6 @@ class _Boom(Pass):
 
     def run(self, model, ctx):
         raise ZeroDivisionError("division by zero")
-
-
-@pytest.fixture
-def model_path(tmp_path):
-    path = tmp_path / "m.onnx"
-    onnx.save(parse(MODEL), path)
-    return path
 
 
 def test_version_names_the_libraries(capsys):
@@ -82,7 +66,7 @@ def test_a_failing_pass_is_one_line_exit_1_and_debug_shows_the_traceback(model_p
 
 
 def test_exclude_matching_nothing_exits_2_with_the_closest_names(model_path, tmp_path, capsys):
-    model = parse(MODEL)
+    model = parse(IDENTITY_ADD)
     model.graph.node[1].name = "add_bias"
     onnx.save(model, model_path)
     argv = [str(model_path), "--passes", "fuse", "-o", str(tmp_path / "o.onnx"), "-q"]

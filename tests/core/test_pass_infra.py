@@ -308,3 +308,10 @@ def test_a_log_callable_replaces_the_logger(caplog):
         onnxslim_kit.optimize(parse(MODEL), "test_infra_shift", log=lines.append)
     assert "test_infra_shift: running" in lines
     assert not [r for r in caplog.records if r.getMessage() == "test_infra_shift: running"]
+
+
+def test_an_unbalanced_bracket_in_an_option_value_does_not_swallow_the_next_option():
+    from onnxslim_kit.pipeline import parse_pass_list
+
+    (spec,) = parse_pass_list("int8(include=re:[ab,speed_check=false)")
+    assert spec.options == {"include": "re:[ab", "speed_check": "false"}

@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from conftest import parse
+from conftest import parse, scale_constants
 
 import onnxslim_kit
 from onnxslim_kit.errors import UserError, VerificationError
@@ -30,12 +30,7 @@ class _BreakBias(Pass):
         return not options["lossy"]
 
     def run(self, model, ctx):
-        result = PassResult()
-        for tensor in model.graph.tensors().values():
-            if isinstance(tensor, gs.Constant):
-                tensor.values = np.asarray(tensor.values) * ctx.options["factor"]
-                result.rewrite("bias scaled")
-        return result
+        return scale_constants(model, ctx.options["factor"], "bias scaled")
 
 
 @register_pass

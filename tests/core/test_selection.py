@@ -6,7 +6,7 @@ import onnx_graphsurgeon as gs
 import pytest
 
 from onnxslim_kit.errors import UserError
-from onnxslim_kit.selection import Selector, Term
+from onnxslim_kit.selection import GLOBAL_REASON, OWN_REASON, Selector, Term, exclusions
 from conftest import parse
 
 TEXT = """
@@ -223,3 +223,26 @@ def test_nodes_in_every_graph_first_last_in_main_only():
     with pytest.raises(UserError, match="'last:Sigmoid:1' matches no node"):
         names("last:Sigmoid:1")  # a body's Sigmoid does not count for a position
     assert names("nothing; op:Sigmoid", must_match=False) == ["body_sigmoid"]
+
+
+def test_exclusions_reasons_precedence_and_unnamed_nodes():
+    graph = gs.import_onnx(parse(TEXT))  # unnamed nodes: selected by id, not renamed
+    out = exclusions(graph, "op:Sigmoid; last:Relu:1", Selector.parse("first:Relu:1; op:Sigmoid"), "p(exclude=...)")
+    nodes = graph.nodes
+    assert out == {id(nodes[0]): GLOBAL_REASON, id(nodes[1]): GLOBAL_REASON, id(nodes[4]): OWN_REASON}
+    assert all(not n.name for n in nodes)
+    swapped = exclusions(graph, "op:Sigmoid", "op:Sigmoid", "p(exclude=...)", ("own", "glob"), own_wins=True)
+    assert swapped == {id(nodes[1]): "own"}
+    assert exclusions(graph, "", None, "p(exclude=...)") == {}
+    assert exclusions(graph, None, "missing; op:Tanh", "p(exclude=...)") == {id(nodes[3]): GLOBAL_REASON}
+    with pytest.raises(UserError, match="p\\(exclude=...\\): 'op:Relux' matches no node; closest op types: Relu"):
+        exclusions(graph, "op:Relux", None, "p(exclude=...)")
+
+
+def test_exclusions_in_every_graph():
+    graph = gs.import_onnx(parse(BODY))
+    body = graph.nodes[1].attrs["else_branch"]
+    out = exclusions([graph, graph.nodes[1].attrs["then_branch"], body], "op:Relu", "all", "p(exclude=...)",
+                     ("own", "glob"), own_wins=True)
+    assert out == {id(graph.nodes[0]): "own", id(graph.nodes[1]): "glob", id(body.nodes[0]): "own",
+                   id(graph.nodes[1].attrs["then_branch"].nodes[0]): "glob"}

@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import run_ort
+from conftest import assert_left_float, run_ort, run_zoo
 from onnx import TensorProto, helper, numpy_helper
 from onnxslim_kit.passes.cluster.maths.encode import pack_labels, unpack_labels
 from onnxslim_kit.passes.cluster.maths.kmeans import kmeans_1d
@@ -147,13 +147,8 @@ def test_skip_reasons_are_counted(columns, min_size, reason, rng):
 
 @pytest.mark.realmodel
 def test_orientation_k16_shrinks_and_folds(tmp_path):
-    from onnxslim_kit.model import load_proto
-    from onnxslim_kit.zoo import fetch
-
-    original = load_proto(fetch("orientation"))
-    feed = CalibrationFeed(input_specs(original), None, num_samples=1)
-    out, report = run_pipeline(original, parse_pass_list("cluster(k=16)"), feed, verify_samples=1)
-    metrics = report.passes[0].metrics
+    _, out, entry = run_zoo("orientation", "cluster(k=16)", num_samples=1, verify_samples=1)
+    metrics = entry.metrics
     assert metrics["size_ratio"] <= 0.2 and metrics["zlib_size_ratio"] <= 0.2
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -465,11 +460,23 @@ def test_excluded_node_keeps_its_float_weight(how, rng):
     entry = report.passes[0]
     assert entry.skipped["excluded (--exclude)" if how == "global" else "excluded (exclude=)"] == 1
     assert entry.rewrites == {"MatMul weight → codebook + 4-bit indices": 1}
-    second = next(n for n in out.graph.node if n.name == "second")
-    assert list(second.input) == ["h", "b"]
-    weights = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
-    np.testing.assert_array_equal(weights["b"], numpy_helper.to_array(model.graph.initializer[1]))
-    assert "a" not in weights
+    assert model.graph.initializer[1].name == "b"
+    assert_left_float(model, out, "second", ["h", "b"], "b", gone="a")
+
+
+@pytest.mark.parametrize("spec, reason", [
+    ("cluster(target=0,exclude=last:MatMul:1)", "excluded (exclude=)"),
+    ("svd(rank=2,measure=false,force=true,exclude=last:MatMul:1)", "excluded (exclude=)"),
+    ("int4(block_size=32,skip_last=false,exclude=last:MatMul:1)", "kept float (skip_last/exclude)")])
+def test_exclude_selects_unnamed_nodes_without_renaming_them(spec, reason, rng):
+    """Selectors pick nodes by identity: an unnamed node is excluded and no node gets a name."""
+    model = two_matmuls(rng)
+    for node in model.graph.node:
+        node.name = ""
+    out, entry = run_cluster(model, spec)
+    assert entry.skipped[reason] == 1 and entry.modified
+    kept = [n for n in out.graph.node if list(n.input) == ["h", "b"]]
+    assert len(kept) == 1 and kept[0].op_type == "MatMul" and kept[0].name == ""
 
 
 def test_exclude_matching_nothing_is_a_user_error(rng):

@@ -8,11 +8,10 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
-from conftest import run_ort
+from conftest import cli_error, run_ort, run_zoo
 from onnx import numpy_helper
 
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
-from onnxslim_kit.cli import main as cli_main
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.metrics import cosine
 from onnxslim_kit.pipeline import parse_pass_list, resolve, run_pipeline
@@ -162,12 +161,8 @@ def test_exclude_errors_are_one_line_user_errors():
 
 
 def test_cli_exclude_matching_nothing_exits_2_with_one_line(tmp_path, capsys):
-    path = tmp_path / "m.onnx"
-    onnx.save(named_conv_net(), path)
-    assert cli_main([str(path), "--passes", "fp16(exclude=nope)", "-q", "-o", str(tmp_path / "o.onnx")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: fp16(exclude=...): 'nope' matches no node")
-    assert not (tmp_path / "o.onnx").exists()
+    line = cli_error(tmp_path, named_conv_net(), "fp16(exclude=nope)", capsys)
+    assert line.startswith("error: fp16(exclude=...): 'nope' matches no node")
 
 
 def test_default_block_list_and_shape_computation():
@@ -254,13 +249,7 @@ def test_if_bodies_are_kept_float32_with_a_reason():
 
 @pytest.mark.realmodel
 def test_ppocr_cls_fp16():
-    from onnxslim_kit.model import load_proto
-    from onnxslim_kit.zoo import fetch
-
-    model = load_proto(fetch("ppocr_cls_v2"))
-    feed = CalibrationFeed(input_specs(model), None, input_shapes={"x": [1, 3, 48, 192]}, num_samples=4)
-    out, report = run_pipeline(model, parse_pass_list("fp16"), feed)
-    entry = report.passes[0]
+    model, out, entry = run_zoo("ppocr_cls_v2", "fp16", {"x": [1, 3, 48, 192]}, num_samples=4)
     assert out.ByteSize() <= 0.53 * model.ByteSize()
     for drift in entry.verification["outputs"].values():
         assert drift["cosine"] >= 0.999 and not drift["nonfinite_mismatch"]

@@ -3,7 +3,7 @@
 import numpy as np
 import onnx
 import pytest
-from conftest import run_ort
+from conftest import assert_left_float, run_ort, run_zoo
 from onnx import TensorProto, helper, numpy_helper
 from onnxslim_kit.passes.svd.maths.factor import Factorization, breakeven_rank, shrinkage
 from onnxslim_kit.passes.svd.speed import decide, measured_ratio
@@ -232,11 +232,8 @@ def test_selected_layer_is_left_as_it_was(how, rng):
     assert entry.rewrites == {"conv → 2 × conv": 1}
     if how != "include":
         assert entry.skipped["excluded (--exclude)" if how == "global" else "excluded (exclude=)"] == 1
-    head = [n for n in out.graph.node if n.name == "head"]
-    assert len(head) == 1 and head[0].op_type == "MatMul" and list(head[0].input) == ["f", "mw"]
-    weights = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
-    np.testing.assert_array_equal(weights["mw"], numpy_helper.to_array(model.graph.initializer[1]))
-    assert "cw" not in weights
+    assert model.graph.initializer[1].name == "mw" and [n.op_type for n in model.graph.node if n.name == "head"] == ["MatMul"]
+    assert_left_float(model, out, "head", ["f", "mw"], "mw", gone="cw")
 
 
 def test_selector_errors(rng):
@@ -279,13 +276,7 @@ def test_speed_decision():
 
 @pytest.mark.realmodel
 def test_rec_matmuls_full_rank_is_lossless():
-    from onnxslim_kit.model import load_proto
-    from onnxslim_kit.zoo import fetch
-
-    original = load_proto(fetch("ppocrv4_rec"))
-    feed = CalibrationFeed(input_specs(original), None, input_shapes={"x": [1, 3, 48, 80]}, num_samples=2)
-    _, report = run_pipeline(original, parse_pass_list("svd(force=true,rank=-1,include=op:MatMul)"), feed)
-    entry = report.passes[0]
+    _, _, entry = run_zoo("ppocrv4_rec", "svd(force=true,rank=-1,include=op:MatMul)", {"x": [1, 3, 48, 80]}, 2)
     assert entry.rewrites == {"matmul → 2 × matmul": 9} and not entry.rolled_back
     assert entry.verification["status"] == "ok"
 
@@ -434,7 +425,7 @@ def test_shrinkage_matches_ledoit_wolf_on_a_known_covariance(rng):
 
 
 def test_padding_rows_are_left_out_of_the_statistics(rng):
-    from onnxslim_kit.passes._common.layer_stats import collect, match
+    from onnxslim_kit.passes._common.layer_stats import collect, match_layer
 
     import onnx_graphsurgeon as gs
 
@@ -446,7 +437,9 @@ def test_padding_rows_are_left_out_of_the_statistics(rng):
         }""")
     model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w"))
     graph = gs.import_onnx(model)
-    layer = match(graph.nodes[0], graph, graph)
+    found = match_layer(graph.nodes[0], graph, graph)
+    assert found.ok
+    layer = found.value
     x = rng.standard_normal((1, 6, 4)).astype(np.float32)
     mask = np.array([[1, 1, 1, 1, 0, 0]], np.int64)
     x[0, 4:] = 50.0  # padding rows: large, must not count
@@ -468,7 +461,7 @@ def test_padding_rows_are_left_out_of_the_statistics(rng):
 
 
 def test_statistics_of_samples_of_their_own_length_keep_the_largest_shape(rng):
-    from onnxslim_kit.passes._common.layer_stats import collect, match
+    from onnxslim_kit.passes._common.layer_stats import collect, match_layer
 
     import onnx_graphsurgeon as gs
 
@@ -477,7 +470,9 @@ def test_statistics_of_samples_of_their_own_length_keep_the_largest_shape(rng):
         g (float[1, N, 4] x) => (float[1, N, 3] y) { y = MatMul(x, w) }""")
     model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w"))
     graph = gs.import_onnx(model)
-    layer = match(graph.nodes[0], graph, graph)
+    found = match_layer(graph.nodes[0], graph, graph)
+    assert found.ok
+    layer = found.value
     samples = [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (5, 9, 3)]
     entry = collect(model, [layer], samples, want_gram=True)[layer.key]
     assert entry.rows_per_sample == 9 and entry.shape == (1, 9, 4) and entry.gram_rows == 17
@@ -508,7 +503,7 @@ def test_spectrum_predicts_the_measured_loss_of_one_layer(rng):
     """One MatMul: the end-to-end loss is the layer's own, 1 − cos ≈ ε/2, so the estimate made from
     one measured rank predicts the others (the transfer factor is ≈ ½)."""
     from onnxslim_kit.passes.svd.alloc import Candidate, Probe, crossfit_error, spectral, weight_value
-    from onnxslim_kit.passes._common.layer_stats import collect, match
+    from onnxslim_kit.passes._common.layer_stats import collect, match_layer
 
     import onnx_graphsurgeon as gs
 
@@ -517,7 +512,9 @@ def test_spectrum_predicts_the_measured_loss_of_one_layer(rng):
     model = model_with([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [64, 32])], {"w": w})
     samples = [{"x": (rng.standard_normal((64, 32)) @ mix).astype(np.float32)} for _ in range(40)]
     graph = gs.import_onnx(model)
-    layer = match(graph.nodes[0], graph, graph)
+    found = match_layer(graph.nodes[0], graph, graph)
+    assert found.ok
+    layer = found.value
     stats = collect(model, [layer], samples, want_gram=True)[layer.key]
     halves = [stats.half(i) for i in (0, 1)]
     cand = Candidate(layer, Factorization(layer.matrix, stats.normalized_gram, stats.gram_rows, stats.fourth),
