@@ -26,6 +26,9 @@ All arithmetic is done in float64 and cast back to the dtype of the tensor it re
 held by constants are never modified in place: a constant read only by the target gets a new
 array; a bias read by other nodes too is copied into a new constant; a weight read by other
 nodes is *not* copied (that would double the weight): the caller skips with "shared weight".
+A tensor that is both weight and bias of a Gemm (``Gemm(x, W, W)``, also what the duplicate
+merge makes of two equal constants) is read before anything is written, and the new weight
+goes to a new constant, so the bias is ``W·s + t`` and not ``W·s²`` (issue 15, item 1).
 
 Helpers here never raise for "does not apply": they return a failed
 :class:`~onnxslim_kit.passes._common.match.MatchResult` with the reason.
@@ -258,8 +261,11 @@ class FoldPlan:
 
 def _store(model, node, index: int, tensor, values: np.ndarray, base: str) -> None:
     """Give input ``index`` of ``node`` the value ``values``: a new array for a constant only
-    ``node`` reads, else a new constant (the old one stays for its other readers)."""
-    if isinstance(tensor, gs.Constant) and read_only_by(tensor, node):
+    input ``index`` of ``node`` reads, else a new constant (the old one stays for its other
+    readers — other nodes, or another input of ``node``: ``Gemm(x, W, W)`` reads W as both
+    weight and bias, which get different values)."""
+    once = sum(t is tensor for t in node.inputs) == 1
+    if isinstance(tensor, gs.Constant) and once and read_only_by(tensor, node):
         tensor.values = as_array(values)
     else:
         node.inputs[index] = new_constant(model, base, values)
@@ -295,10 +301,10 @@ def fold_into(target: Target, model, graph, scale, shift, out, consumed: list) -
     if node.op == "MatMul":
         node = _matmul_to_gemm(node, graph, model)
         target = Target(node, target.weight, target.channels, 2)
+    bias_tensor = target.bias_tensor
+    bias = const_value(bias_tensor) if bias_tensor is not None else None  # read before any store
     if scale is not None:
         _store(model, node, 1, target.weight_tensor, _scaled_weight(target, scale), base + "_weight")
-    bias_tensor = target.bias_tensor
-    bias = const_value(bias_tensor) if bias_tensor is not None else None
     dtype = bias.dtype if bias is not None else target.weight.dtype
     new = None if bias is None else bias.astype(np.float64)
     if new is not None and node.op == "Gemm":
