@@ -9,7 +9,11 @@ when the weights shrink (``fp16``, ``cluster``), so the file ratio cannot reach 
 The pass renames every tensor except the main graph's inputs and outputs (the model's
 interface; If/Loop/Scan body inputs and outputs are positional and get renamed too) to a
 short identifier — ``a``, ``b``, …, ``z``, ``a0``, … — the most referenced tensors first, so
-the most frequent names are the shortest. Node names become short identifiers as well
+the most frequent names are the shortest. A name already as short as the fresh one it would
+get is kept, and reserved: no later fresh name is it, and an object whose name was handed out
+(or kept) before is renamed even where that is not shorter — so no two tensors, and no two
+nodes, end up with one name (onnx's ``light_densenet121`` names its tensors ``r0``, ``r1``, …).
+Node names become short identifiers as well
 (``node_names=short``), are removed (``drop``: ONNX allows unnamed nodes, but ONNX Runtime's
 profiles and errors then name nodes by position) or stay (``keep``). Body graphs are named ``g``; doc
 strings go. Nothing else changes: outputs are bit-identical and the pipeline checks that.
@@ -42,6 +46,27 @@ def short_names(taken: set):
                     yield name
 
 
+class Namer:
+    """Final names for objects taken one by one: each object's own name where no fresh one is
+    shorter and nobody holds it yet, else the next fresh name; every name given is reserved."""
+
+    def __init__(self, taken=()):
+        self.taken = set(taken)
+        self._fresh = short_names(self.taken)  # skips names reserved after it started, too
+        self._next = None
+
+    def name_for(self, old: str) -> str:
+        if self._next is None or self._next in self.taken:
+            self._next = next(self._fresh)
+        new = self._next
+        if old in self.taken or len(new) < len(old):
+            self._next = None
+        else:
+            new = old
+        self.taken.add(new)
+        return new
+
+
 def tensor_uses(model) -> list:
     """(tensor, count) for every named tensor object, count = its definition plus every use
     (how often its name is written in the file), most written first."""
@@ -70,24 +95,23 @@ class CompactPass(Pass):
             raise UserError(f"compact: node_names must be one of {', '.join(NODE_NAMES)}, not {node_names!r}")
         result = PassResult()
         interface = {id(t) for t in list(model.graph.inputs) + list(model.graph.outputs)}
-        kept = {t.name for t in list(model.graph.inputs) + list(model.graph.outputs)}
-        fresh = short_names(kept)
+        tensor_names = Namer(t.name for t in list(model.graph.inputs) + list(model.graph.outputs))
         saved = 0
         for tensor, count in tensor_uses(model):
             if id(tensor) in interface or not tensor.name:
                 continue
-            new = next(fresh)
-            if len(new) < len(tensor.name):
+            new = tensor_names.name_for(tensor.name)
+            if new != tensor.name:
                 saved += (len(tensor.name) - len(new)) * count
                 tensor.name = new
                 result.rewrite("tensor renamed")
         nodes = [node for graph in model.all_graphs() for node in graph.nodes]
-        fresh_nodes = short_names(set())
+        node_namer = Namer()
         for node in nodes:
             if node_names == "keep" or not node.name:
                 continue
-            new = "" if node_names == "drop" else next(fresh_nodes)
-            if len(new) < len(node.name):
+            new = "" if node_names == "drop" else node_namer.name_for(node.name)
+            if new != node.name:
                 saved += len(node.name) - len(new)
                 node.name = new
                 result.rewrite("node renamed" if new else "node name dropped")
