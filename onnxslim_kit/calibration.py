@@ -17,6 +17,13 @@ Sources (``CalibrationFeed(specs, source)``):
   then ``None`` at the end): with a ``rewind()`` method it is rewound and read again on each
   pass over the data; without one it is read once into memory (the log says so).
 
+Every sample is checked as it is read: the input names, ranks, fixed dimensions and dtype
+kinds; and, for float inputs, that every value is finite (after the cast to the input's
+dtype, so a float64 1e6 fed to a float16 input counts as inf). A NaN or inf is refused with
+the source, the sample's index (0-based: its position along a file's stacking axis, in a
+list, or in a function's / reader's sequence) and the counts — NaN would make every
+min/max/histogram NaN, and a quantization scale computed from it quantizes nothing.
+
 ``transform`` (as ``nncf.Dataset(data, transform_fn)``): applied to every item of a given
 source before it is checked, so the source may hold anything (``(image, label)`` pairs, file
 names) and ``transform(item)`` returns the ``{input name: array}`` dict.
@@ -181,9 +188,9 @@ class CalibrationFeed:
         if callable(getattr(source, "get_next", None)):
             return self._reader_factory(source)
         if callable(source):
-            return lambda: (self._item(s) for s in source())
+            return lambda: (self._item(s, i) for i, s in enumerate(source()))
         if isinstance(source, (str, Path)):
-            samples = [self._transformed(s) for s in self._load_path(Path(source))]
+            samples = [self._transformed(s, i) for i, s in enumerate(self._load_path(Path(source)))]
             return lambda: iter(samples)
         if isinstance(source, dict) and self.transform is None:
             samples = self._split(source, "calibration dict")
@@ -195,14 +202,16 @@ class CalibrationFeed:
                 f"calibration data: a {type(source).__name__} is not a source; give a path, a list of "
                 "{input: array} dicts, a function returning them, or an object with get_next()"
             ) from None
-        samples = [self._item(s) for s in items]
+        samples = [self._item(s, i) for i, s in enumerate(items)]
         return lambda: iter(samples)
 
     def _reader_factory(self, reader) -> Callable[[], Iterable[dict]]:
         """An ONNX Runtime ``CalibrationDataReader``: ``get_next()`` until ``None``."""
         def read() -> Iterator[dict]:
+            index = 0
             while (item := reader.get_next()) is not None:
-                yield self._item(item)
+                yield self._item(item, index)
+                index += 1
 
         rewind = getattr(reader, "rewind", None)
         if callable(rewind):
@@ -215,16 +224,16 @@ class CalibrationFeed:
                     f"its {len(samples)} samples were read once into memory")
         return lambda: iter(samples)
 
-    def _item(self, item) -> dict:
+    def _item(self, item, index: int | None = None) -> dict:
         if self.transform is not None:
             item = self.transform(item)
         if not isinstance(item, dict):
             raise UserError(f"calibration sample: expected a dict of input name → array, got {type(item).__name__}"
                             + ("" if self.transform is None else " from transform"))
-        return self._checked(item)
+        return self._checked(item, "calibration sample" if index is None else f"calibration sample {index}")
 
-    def _transformed(self, sample: dict) -> dict:
-        return sample if self.transform is None else self._item(sample)
+    def _transformed(self, sample: dict, index: int | None = None) -> dict:
+        return sample if self.transform is None else self._item(sample, index)
 
     def _generated(self) -> Iterator[dict]:
         rng = np.random.default_rng(self.seed)
@@ -285,7 +294,8 @@ class CalibrationFeed:
         stacked = {s.name: np.asarray(arrays[s.name]).ndim == s.rank + 1 for s in self.specs}
         if all(stacked.values()) and self.specs:
             count = len(arrays[self.specs[0].name])
-            return [self._checked({s.name: arrays[s.name][i] for s in self.specs}, where) for i in range(count)]
+            return [self._checked({s.name: arrays[s.name][i] for s in self.specs}, f"{where}: sample {i}")
+                    for i in range(count)]
         return [self._checked({s.name: arrays[s.name] for s in self.specs}, where)]
 
     def _checked(self, sample: dict, where: str = "calibration sample") -> dict:
@@ -304,6 +314,21 @@ class CalibrationFeed:
             if value.dtype != spec.dtype:
                 if value.dtype.kind != spec.dtype.kind and not (value.dtype.kind in "iu" and spec.dtype.kind in "iu"):
                     raise UserError(f"{where}: input {spec.name!r} is {value.dtype}, the model expects {spec.dtype}")
-                value = value.astype(spec.dtype)
+                with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, as inf
+                    value = value.astype(spec.dtype)
+            if value.dtype.kind == "f":
+                _check_finite(value, spec, where)
             out[spec.name] = value
         return out
+
+
+def _check_finite(value: np.ndarray, spec: InputSpec, where: str) -> None:
+    """A :class:`UserError` naming the input and the NaN / inf counts unless every value is finite."""
+    finite = np.isfinite(value)
+    if finite.all():
+        return
+    nan = int(np.count_nonzero(np.isnan(value)))
+    inf = int(value.size - np.count_nonzero(finite)) - nan
+    counts = " and ".join(text for n, text in ((nan, f"{nan} NaN"), (inf, f"{inf} inf")) if n)
+    raise UserError(f"{where}: input {spec.name!r} ({spec.dtype}) has {counts} of {value.size} values; "
+                    "calibration and evaluation data must be finite")
