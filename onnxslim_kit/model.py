@@ -15,6 +15,9 @@ Normalisation on load (all lossless, all reported by the pipeline as ``load`` no
 Saving is atomic: the model (and its external-data file, if any) is written to a
 temporary name in the destination folder and renamed into place. Models whose
 serialized size would exceed protobuf's 2 GB limit are saved with external data.
+A destination that cannot be written is a :class:`UserError` naming the path asked for
+(never the temporary name) and why: it is a folder, a parent is not a folder, the folder
+is not writable (:func:`check_writable` tells the same before any work is done).
 """
 
 from __future__ import annotations
@@ -349,15 +352,65 @@ def needs_external_data(proto: onnx.ModelProto) -> bool:
     return proto_size(proto) > EXTERNAL_DATA_THRESHOLD
 
 
+def check_writable(path) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, or a :class:`UserError` naming it unless a file can be
+    written there: it is not a folder, its nearest existing parent is a folder, and something can
+    be created in that folder — tried (a temporary folder made and removed at once), since the
+    permission bits say nothing to root nor about /proc or a read-only mount. Nothing is left."""
+    path = Path(path)
+    folder = _existing_folder(path)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".slim-", dir=folder))
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: the folder {folder} is not writable ({exc.strerror or exc})") from None
+    return path
+
+
+def _existing_folder(path: Path) -> Path:
+    """The nearest existing parent of ``path`` (the folder the first new entry goes in), or a
+    :class:`UserError` when ``path`` is a folder or that parent is not one."""
+    try:
+        if path.is_dir():
+            raise UserError(f"cannot write {path}: it is a folder")
+        for parent in path.parents:
+            if parent.exists() or parent.is_symlink():
+                if not parent.is_dir():
+                    raise UserError(f"cannot write {path}: {parent} is not a folder")
+                return parent
+    except OSError as exc:  # a parent that cannot even be looked at
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return Path(".")
+
+
+def _temporary_folder(path: Path) -> Path:
+    """A new hidden folder beside ``path`` (its parents made first), or a :class:`UserError`."""
+    folder = _existing_folder(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=".slim-", dir=path.parent))
+    except OSError as exc:
+        where = path.parent if path.parent.is_dir() else folder
+        raise UserError(f"cannot write {path}: the folder {where} is not writable ({exc.strerror or exc})") from None
+
+
 def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) -> Path:
     """Write ``proto`` to ``path`` atomically; external data when asked, when over 2 GB, or when
     the proto still refers to weights on disk (``load_proto(lazy=True)``): those are copied to
-    the new data file tensor by tensor (:func:`.streaming.write_external`), never all in memory."""
+    the new data file tensor by tensor (:func:`.streaming.write_external`), never all in memory.
+    A write that fails (no such folder, not writable, disk full) is a :class:`UserError` naming
+    ``path``; nothing is left behind and an earlier file at ``path`` is kept."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if external_data is None:
         external_data = needs_external_data(proto) or has_anchored(proto)
-    tmpdir = Path(tempfile.mkdtemp(prefix=".slim-", dir=path.parent))
+    tmpdir = _temporary_folder(path)
+    try:
+        _write_atomically(proto, path, tmpdir, external_data)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def _write_atomically(proto: onnx.ModelProto, path: Path, tmpdir: Path, external_data: bool) -> None:
     data_path = path.parent / (path.name + ".data")
     # the previous output's weights (the old model is scanned only when such a file exists)
     stale = data_path if data_path.exists() and refers_to(path, data_path.name) else None
@@ -378,7 +431,6 @@ def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) 
             leftover.unlink()
         if tmpdir.exists():
             tmpdir.rmdir()
-    return path
 
 
 def refers_to(model_path: Path, data_name: str, chunk: int = 1 << 20) -> bool:

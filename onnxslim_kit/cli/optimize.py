@@ -179,12 +179,14 @@ def _arguments(args) -> dict:
 
 def run_optimize(args, argv: list | None = None) -> int:
     from .. import optimize
-    from ..model import save_proto
+    from ..model import check_writable, save_proto
 
     kwargs = _arguments(args)
     model_path = Path(kwargs.pop("model"))
     out_path = Path(args.output) if args.output else default_output(model_path)
     _refuse_overwriting_input(model_path, out_path)
+    for target in [out_path] + ([args.report] if args.report else []):
+        check_writable(target)  # before any work: an unwritable -o / --report is said at once, naming it
     proto, report = optimize(model_path, **kwargs)
     report.argv = ["python", "-m", "onnxslim_kit"] + list(sys.argv[1:] if argv is None else argv)
     for entry in report.passes:
@@ -197,8 +199,8 @@ def run_optimize(args, argv: list | None = None) -> int:
         if args.report:
             Path(args.report).parent.mkdir(parents=True, exist_ok=True)  # as for -o
             Path(args.report).write_text(report.to_json())
-    except OSError as exc:
-        raise UserError(f"cannot write {exc.filename or out_path}: {exc.strerror or exc}") from None
+    except OSError as exc:  # the report (save_proto names its own path)
+        raise UserError(f"cannot write {args.report}: {exc.strerror or exc}") from None
     if not args.quiet:
         print(report.table())
         print(f"wrote {out_path}")
