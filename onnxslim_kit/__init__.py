@@ -11,19 +11,9 @@ Pass authors import from :mod:`onnxslim_kit.api`.
 
 from __future__ import annotations
 
-import hashlib
+import importlib
 from pathlib import Path
 
-import numpy as np
-import onnx
-
-from .calibration import CalibrationFeed, input_specs
-from .errors import PassError, SlimError, UserError, VerificationError
-from .model import Model, load_proto, save_proto
-from .pipeline import Option, Pass, PassContext, PassResult, PassSpec, parse_pass_list, register_pass, run_pipeline
-from .recipe import describe_source, file_sha256, tool_versions
-from .report import Report
-from .specialize import fix_inputs
 from .version import __version__
 
 __all__ = [
@@ -32,8 +22,41 @@ __all__ = [
     "save_proto", "load_proto", "__version__",
 ]
 
+# Imported on first use (PEP 562), so that ``import onnxslim_kit`` — the first thing
+# ``python -m onnxslim_kit`` does — is quick, and a Ctrl-C during the heavy imports (numpy, onnx,
+# onnxruntime) lands inside the command line's handler: one line, exit 130, no traceback.
+_LAZY = {
+    "CalibrationFeed": "calibration", "input_specs": "calibration",
+    "PassError": "errors", "SlimError": "errors", "UserError": "errors", "VerificationError": "errors",
+    "Model": "model", "load_proto": "model", "save_proto": "model",
+    "Option": "pipeline", "Pass": "pipeline", "PassContext": "pipeline", "PassResult": "pipeline",
+    "PassSpec": "pipeline", "parse_pass_list": "pipeline", "register_pass": "pipeline", "run_pipeline": "pipeline",
+    "describe_source": "recipe", "file_sha256": "recipe", "tool_versions": "recipe",
+    "Report": "report", "fix_inputs": "specialize",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    else:
+        try:  # a submodule not imported yet (``onnxslim_kit.calibration``)
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 def _specs(passes) -> list:
+    from .pipeline import PassSpec, parse_pass_list
+
     if isinstance(passes, str):
         return parse_pass_list(passes)
     specs = []
@@ -46,13 +69,33 @@ def _specs(passes) -> list:
     return specs
 
 
-def _input_hash(model, proto: onnx.ModelProto) -> str | None:
+def _input_hash(model, proto) -> str | None:
+    import hashlib
+
+    from .recipe import file_sha256
+
     if isinstance(model, (str, Path)):
         return file_sha256(model)
     try:
         return hashlib.sha256(proto.SerializeToString()).hexdigest()
     except ValueError:  # over 2 GB in memory: not hashed
         return None
+
+
+def _check_settings(num_samples, verify_samples, rtol, input_shapes) -> None:
+    import math
+    from numbers import Integral, Real
+
+    from .errors import UserError
+
+    for name, value in (("num_samples", num_samples), ("verify_samples", verify_samples)):
+        if not isinstance(value, Integral) or value < 1:
+            raise UserError(f"{name} must be an integer >= 1, not {value!r}")
+    if not (isinstance(rtol, Real) and math.isfinite(rtol) and rtol >= 0):
+        raise UserError(f"rtol must be a number >= 0, not {rtol!r}")
+    for name, dims in (input_shapes or {}).items():
+        if any(not isinstance(d, Integral) or d < 1 for d in dims):
+            raise UserError(f"input_shapes {name}: {list(dims)}: dimensions must be integers >= 1")
 
 
 def optimize(
@@ -95,6 +138,16 @@ def optimize(
     ``log``: a callable for the progress lines; by default they go to the
     ``logging.getLogger("onnxslim_kit")`` logger (INFO; the library installs no handler).
     """
+    import numpy as np
+    import onnx
+
+    from .calibration import CalibrationFeed, input_specs
+    from .errors import UserError
+    from .model import load_proto
+    from .pipeline import run_pipeline
+    from .recipe import describe_source, tool_versions
+    from .specialize import fix_inputs
+    _check_settings(num_samples, verify_samples, rtol, input_shapes)
     if isinstance(model, (str, Path)):
         input_path = str(model)
         proto = load_proto(model, lazy=True)  # weights in external data stay on disk

@@ -29,7 +29,16 @@ source before it is checked, so the source may hold anything (``(image, label)``
 names) and ``transform(item)`` returns the ``{input name: array}`` dict.
 
 Dynamic dimensions are fixed by ``input_shapes`` (``{"x": [1, 3, 224, 224]}``); when not
-given, a leading symbolic dimension is taken as batch 1 and any other as 64.
+given, a leading symbolic dimension is taken as batch 1 and any other as 64 (a ``dim_value``
+of 0 is a fixed, empty dimension: ORT refuses any other size).
+
+Generated integer inputs take the values the graph implies where one node reads them
+(:data:`VALUE_ROLES`, through Cast / Identity): indices uniform below the size of the axis
+they index (a constant's or another input's), a Reshape target ``[1, …, 1, -1]``, Expand /
+Tile ``1`` s, Unsqueeze / Reduce axes ``0 … k-1``, Slice starts 0, ends 2³¹-1, steps 1,
+Split sizes adding up to the axis, a Div / Mod divisor in [1, 16), Range 0 → 8 step 1; and
+float inputs with a valid range: Resize / Upsample scales 1, a Dropout ratio 0, an NMS IoU
+threshold 0.5 and score threshold 0, a OneHot depth 16.
 """
 
 from __future__ import annotations
@@ -51,12 +60,35 @@ DEFAULT_INT_HIGH = 16
 INDEX_PASS_THROUGH = ("Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity")
 
 
+# what the graph implies about an integer input's values, by (op type, input index): an
+# input read there gets data it can run on (see :func:`_int_role` and :func:`_role_values`)
+VALUE_ROLES = {
+    ("Reshape", 1): "reshape", ("Expand", 1): "ones", ("Tile", 1): "ones", ("ConstantOfShape", 0): "ones",
+    ("Unsqueeze", 1): "range", ("Slice", 1): "zeros", ("Slice", 2): "large", ("Slice", 3): "range",
+    ("Slice", 4): "ones", ("TopK", 1): "ones", ("Pad", 1): "zeros", ("Pad", 3): "range",
+    ("Range", 0): "zeros", ("Range", 1): "eight", ("Range", 2): "ones", ("CumSum", 1): "zeros",
+    ("OneHot", 1): "sixteen", ("Trilu", 1): "zeros", ("Div", 1): "nonzero", ("Mod", 1): "nonzero",
+    ("Gather", 1): "index", ("GatherElements", 1): "index", ("ScatterElements", 1): "index", ("Split", 1): "split",
+    ("SplitToSequence", 1): "split", ("Col2Im", 1): "eight", ("Col2Im", 2): "ones",
+    # float inputs with a valid range: scales > 0, a dropout ratio in [0, 1), thresholds
+    ("Resize", 2): "ones", ("Upsample", 1): "ones", ("Dropout", 1): "zeros",
+    ("NonMaxSuppression", 3): "half", ("NonMaxSuppression", 4): "zeros",
+    **{(op, 1): "range" for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+                                   "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
+}
+VALUE_PASS_THROUGH = ("Cast", "Identity")
+
+
 @dataclass(frozen=True)
 class InputSpec:
     name: str
     dtype: np.dtype
     shape: tuple  # ints, or str/None for dynamic dimensions
     int_high: int = DEFAULT_INT_HIGH  # generated integer data is uniform in [0, int_high)
+    # what the graph implies for a generated integer input: () none, else (kind, data, axis) —
+    # kind from VALUE_ROLES; data/axis: the tensor (input name or constant dims) an index or
+    # split input refers to
+    role: tuple = ()
 
     @property
     def rank(self) -> int:
@@ -77,9 +109,39 @@ def input_specs(proto: onnx.ModelProto) -> list:
         shape = tuple(
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim
         )
-        high = _index_bound(proto.graph, value.name) if np.dtype(dtype).kind in "iu" else None
-        specs.append(InputSpec(value.name, np.dtype(dtype), shape, min(high or DEFAULT_INT_HIGH, DEFAULT_INT_HIGH)))
+        integer = np.dtype(dtype).kind in "iu"
+        high = _index_bound(proto.graph, value.name) if integer else None
+        numeric = integer or np.dtype(dtype).kind == "f"
+        role = _int_role(proto.graph, value.name) if numeric and high is None else ()
+        specs.append(InputSpec(value.name, np.dtype(dtype), shape, min(high or DEFAULT_INT_HIGH, DEFAULT_INT_HIGH),
+                               role))
     return specs
+
+
+def _int_role(graph: onnx.GraphProto, name: str) -> tuple:
+    """What the first node that reads integer (or float) input ``name`` (directly or through Cast /
+    Identity) needs of its values: ``(kind, data, axis)``, kind from :data:`VALUE_ROLES`;
+    for ``index`` / ``split`` the tensor they refer to (a graph input's name, or a constant's
+    dims) and the axis. ``()`` when nothing is implied."""
+    tables = {t.name: tuple(t.dims) for t in graph.initializer}
+    todo, seen = [name], set()
+    while todo:
+        tensor = todo.pop(0)
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node in graph.node:
+            for index, read in enumerate(node.input):
+                if read != tensor:
+                    continue
+                kind = VALUE_ROLES.get((node.op_type, index))
+                if kind is not None:
+                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                    data = node.input[0]
+                    return kind, tables.get(data, data), int(axis)
+                if node.op_type in VALUE_PASS_THROUGH:
+                    todo.extend(node.output)
+    return ()
 
 
 def _index_bound(graph: onnx.GraphProto, name: str) -> int | None:
@@ -155,6 +217,7 @@ class CalibrationFeed:
         if transform is not None and not callable(transform):
             raise UserError(f"transform= must be a function of one sample, not {type(transform).__name__}")
         self.transform = transform
+        self.int_fill = {}  # input name → constant value of generated integer data (a variant)
         self._factory = self._make_factory(source)
 
     # --- public ------------------------------------------------------------------
@@ -176,8 +239,8 @@ class CalibrationFeed:
     def concrete_shape(self, spec: InputSpec) -> list:
         if spec.name in self.input_shapes:
             return list(self.input_shapes[spec.name])
-        return [
-            d if isinstance(d, int) and d > 0 else (1 if i == 0 else DEFAULT_DYNAMIC_DIM)
+        return [  # a dim_value of 0 is a size ORT holds the input to (an empty tensor), not a free one
+            d if isinstance(d, int) and d >= 0 else (1 if i == 0 else DEFAULT_DYNAMIC_DIM)
             for i, d in enumerate(spec.shape)
         ]
 
@@ -242,10 +305,13 @@ class CalibrationFeed:
             for spec in self.specs:
                 shape = self.concrete_shape(spec)
                 kind = spec.dtype.kind
-                if kind == "f":
+                values = _role_values(spec.role, shape, self._dims, rng) if spec.role and kind == "f" else None
+                if values is not None:
+                    sample[spec.name] = np.asarray(values, dtype=spec.dtype).reshape(shape)
+                elif kind == "f":
                     sample[spec.name] = np.asarray(rng.standard_normal(shape), dtype=spec.dtype)
                 elif kind in "iu":
-                    sample[spec.name] = np.asarray(rng.integers(0, spec.int_high, size=shape), dtype=spec.dtype)
+                    sample[spec.name] = self._integers(spec, shape, rng)
                 elif kind == "b":
                     sample[spec.name] = np.asarray(rng.random(shape) < 0.5)
                 else:
@@ -254,6 +320,42 @@ class CalibrationFeed:
                         f"{'string' if kind in 'OSU' else spec.dtype}; pass --calib"
                     )
             yield sample
+
+    def _integers(self, spec: InputSpec, shape: list, rng) -> np.ndarray:
+        """Generated integer data: what the graph implies (``spec.role``), the fill of a derived
+        variant (``int_fill``), else uniform in [0, int_high)."""
+        fill = self.int_fill.get(spec.name)
+        if fill is None and spec.role:
+            values = _role_values(spec.role, shape, self._dims, rng)
+            if values is not None:
+                return np.asarray(values, dtype=spec.dtype).reshape(shape)
+        if fill is not None:
+            return np.full(shape, fill, dtype=spec.dtype)
+        return np.asarray(rng.integers(0, spec.int_high, size=shape), dtype=spec.dtype)
+
+    def _dims(self, name: str) -> list | None:
+        """The generated shape of input ``name`` (None when it is no input)."""
+        spec = next((s for s in self.specs if s.name == name), None)
+        return None if spec is None else self.concrete_shape(spec)
+
+    def variant(self, input_shapes: dict | None = None, int_fill: dict | None = None) -> "CalibrationFeed":
+        """The same generated feed with other shapes for some inputs and constant values for
+        some integer inputs (the bounded search of :func:`.verify.fit_generated`)."""
+        feed = CalibrationFeed(self.specs, None, {**self.input_shapes, **(input_shapes or {})},
+                               num_samples=self.num_samples, seed=self.seed)
+        feed.int_fill = {**self.int_fill, **(int_fill or {})}
+        return feed
+
+    def dynamic_dims(self) -> list:
+        """(input, axis) of the generated dimensions not fixed by the model or ``input_shapes``:
+        every dynamic axis but a leading one (batch 1) — of a rank-1 input too (samples)."""
+        out = []
+        for spec in self.specs:
+            if spec.name in self.input_shapes:
+                continue
+            out.extend((spec.name, i) for i, d in enumerate(spec.shape)
+                       if not (isinstance(d, int) and d >= 0) and (i > 0 or spec.rank == 1))
+        return out
 
     def _load_path(self, path: Path) -> list:
         if not path.exists():
@@ -320,6 +422,41 @@ class CalibrationFeed:
                 _check_finite(value, spec, where)
             out[spec.name] = value
         return out
+
+
+def _role_values(role: tuple, shape: list, dims: Callable, rng) -> np.ndarray | None:
+    """Values an integer input of ``shape`` can run with, for its role ``(kind, data, axis)``
+    (:func:`_int_role`): a Reshape target ``[1, …, 1, -1]`` (any size fits), Expand / Tile
+    ``1`` s, Unsqueeze / Reduce axes ``0 … k-1``, Slice starts 0 / ends "to the end" / steps 1,
+    Range 0 → 8 step 1, a divisor ≥ 1, indices below the referred axis' size, split sizes
+    adding up to it. None when the data it refers to has no known size."""
+    kind, data, axis = role
+    count = int(np.prod(shape)) if shape else 1
+    simple = {"ones": 1, "zeros": 0, "half": 0.5, "eight": 8, "sixteen": 16, "large": 2**31 - 1}
+    if kind in simple:
+        return np.full(count, simple[kind])
+    if kind == "range":
+        return np.arange(count)
+    if kind == "reshape":
+        return np.array([1] * (count - 1) + [-1]) if count else np.zeros(0)
+    if kind == "nonzero":
+        return rng.integers(1, DEFAULT_INT_HIGH, size=count)
+    size = _axis_size(data, axis, dims)
+    if size is None:
+        return None
+    if kind == "index":
+        return rng.integers(0, max(size, 1), size=count)
+    if kind == "split" and count and size >= count:
+        return np.array([size // count] * (count - 1) + [size - (size // count) * (count - 1)])
+    return None
+
+
+def _axis_size(data, axis: int, dims: Callable) -> int | None:
+    """The size of ``axis`` of ``data``: a constant's dims (tuple) or a graph input's generated shape."""
+    shape = list(data) if isinstance(data, tuple) else dims(data)
+    if not shape or not -len(shape) <= axis < len(shape):
+        return None
+    return int(shape[axis])
 
 
 def _check_finite(value: np.ndarray, spec: InputSpec, where: str) -> None:

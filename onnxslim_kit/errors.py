@@ -7,6 +7,7 @@ Exit codes (stable, for deployment builds to gate on):
 1     internal error (a bug: please report it with the traceback from ``--debug``)
 2     bad input: missing/unreadable/invalid model, bad option, bad calibration data
 3     verification failed under ``--strict``
+130   interrupted (Ctrl-C, as a shell reports SIGINT): nothing written
 ====  ==========================================================
 """
 
@@ -14,6 +15,8 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_VERIFY_FAILED = 3
+EXIT_INTERRUPTED = 130
+INTERRUPTED = "interrupted; nothing written"
 
 
 class SlimError(Exception):

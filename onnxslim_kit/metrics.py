@@ -8,7 +8,16 @@
   agrees; only for float outputs whose last axis has more than one element
 * ``equal``     = fraction of equal elements, for integer and boolean outputs
 
-Lossless check: ``max_abs <= atol + rtol · max|a|`` and NaN/Inf in the same places.
+Lossless check: ``max_abs <= atol + rtol' · max|a|`` and NaN/Inf in the same places, where
+``rtol' = max(rtol, LOSSLESS_ULPS · eps(dtype))`` for a float output of that dtype
+(:func:`dtype_rtol`). Why: a lossless rewrite may reorder the arithmetic (a Mul folded into a
+weight, MatMul + Add as one Gemm, a constant folded in numpy): each rounding of the dtype moves
+a result by at most half a unit in the last place, eps/2 relative, and the output sees a few
+of them along its chain — of the order of eps · max|a|. With float32 (eps = 2⁻²³ ≈ 1.2e-7)
+``4·eps`` ≈ 4.8e-7 is far below the default rtol 1e-4, which is unchanged; with float16
+(eps = 2⁻¹⁰ ≈ 9.8e-4) one step is already 10× the default (the attention float16 tests of
+ONNX's suite move by 6e-4), so the bound becomes ``4·2⁻¹⁰`` ≈ 3.9e-3 relative: four float16
+steps at the output's scale; a change of a constant by a few percent is still caught.
 """
 
 from __future__ import annotations
@@ -72,12 +81,48 @@ def top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
 
 
-def within_tolerance(drift: Drift, rtol: float, atol: float = 1e-6) -> bool:
-    """The lossless criterion: error small against the output's scale, non-finite in place."""
+# units of the output dtype's eps (relative) a lossless rewrite may move an output by
+LOSSLESS_ULPS = 4
+
+
+def _eps(dtype) -> float | None:
+    """Machine epsilon of a float dtype (numpy's, or ml_dtypes' for bfloat16/float8), else None."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return None
+    if dtype.kind == "f":
+        return float(np.finfo(dtype).eps)
+    try:  # bfloat16, float8: not numpy kind "f"
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dtype).eps)
+    except Exception:  # noqa: BLE001 - not a float type ml_dtypes knows
+        return None
+
+
+def dtype_rtol(rtol: float, dtype=None) -> float:
+    """The relative tolerance of a lossless check on an output of ``dtype``:
+    ``max(rtol, LOSSLESS_ULPS · eps(dtype))`` for float dtypes, ``rtol`` otherwise."""
+    eps = _eps(dtype) if dtype is not None else None
+    return max(rtol, LOSSLESS_ULPS * eps) if eps else rtol
+
+
+def least_precise(*dtypes):
+    """The float dtype with the largest eps among ``dtypes`` (None when there is none)."""
+    floats = [(eps, d) for d in dtypes if d is not None and (eps := _eps(d))]
+    return max(floats, key=lambda item: item[0])[1] if floats else None
+
+
+def within_tolerance(drift: Drift, rtol: float, atol: float = 1e-6, dtype=None) -> bool:
+    """The lossless criterion: error small against the output's scale, non-finite in place;
+    ``dtype``: the output's (the relative bound widens to a few of its rounding steps,
+    :func:`dtype_rtol`)."""
     if drift.nonfinite_mismatch:
         return False
     if drift.equal is not None:
         return drift.equal == 1.0
+    rtol = dtype_rtol(rtol, dtype)
     scale = drift.max_abs / drift.max_rel if drift.max_rel not in (0.0, float("inf")) else 0.0
     return drift.max_abs <= atol + rtol * scale
 

@@ -11,6 +11,9 @@ Normalisation on load (all lossless, all reported by the pipeline as ``load`` no
 2. Initializers that old exporters also list as graph inputs are no longer inputs
    (onnx-graphsurgeon drops them on import; the count is kept in ``load_notes``); an IR 3
    model is therefore written back as IR 4, which no longer needs them listed.
+3. Values that are not plain tensors (optional, sequence, map) keep their exact types, and
+   ``TYPE_PROTO`` attributes (``Optional<type=…>``) are kept, where onnx-graphsurgeon loses
+   them or cannot export them (:mod:`.value_types`; ``Model.value_types``).
 
 Saving is atomic: the model (and its external-data file, if any) is written to a
 temporary name in the destination folder and renamed into place. Models whose
@@ -33,8 +36,11 @@ import onnx
 import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
 
+from .atomic import StagedFiles, interrupts_held
 from .errors import UserError
 from .scopes import share_subgraph_constants
+from .upgrade import pop_note, upgrade
+from .value_types import fill_non_tensor_types, non_tensor_types, restore_type_attributes, untyped_non_tensors
 from .streaming import (NUMPY_DTYPES, anchor_external_data, external_bytes, has_anchored, map_constants,
                         proto_size, unmap_constants, weightless, write_external, write_serialized, fill_weights)
 
@@ -58,15 +64,15 @@ def load_proto(path: str | os.PathLike, lazy: bool = False) -> onnx.ModelProto:
         proto = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, OSError) as exc:
         raise UserError(f"{path}: not a readable ONNX model ({_short(exc)})") from None
-    _check_is_model(proto, path)
+    old = _check_is_model(proto, path)
     try:
-        if lazy:
+        if lazy and not old:
             anchor_external_data(proto, path.parent)
         else:
             onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
     except (OSError, onnx.checker.ValidationError) as exc:
         raise UserError(f"{path}: external data missing or unreadable ({_short(exc)})") from None
-    return proto
+    return upgrade(proto, ai_onnx_opset(proto), path) if old else proto
 
 
 def _short(exc: BaseException) -> str:
@@ -74,22 +80,23 @@ def _short(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
-def _check_is_model(proto: onnx.ModelProto, path) -> None:
+def _check_is_model(proto: onnx.ModelProto, path) -> bool:
+    """A :class:`UserError` unless ``proto`` is a model this tool reads; True when its opset is
+    older than :data:`MIN_OPSET` (:mod:`.upgrade` upgrades it, or refuses, once it is loaded).
+    A model importing only ``ai.onnx.ml`` (and other domains ORT runs) has no ai.onnx opset."""
     if proto.ir_version <= 0 or not proto.HasField("graph") or len(proto.graph.output) == 0:
         raise UserError(f"{path}: not an ONNX model (no graph outputs or IR version)")
     opset = ai_onnx_opset(proto)
     if opset is None:
+        if any(imp.domain == "ai.onnx.ml" for imp in proto.opset_import):
+            return False
         raise UserError(f"{path}: the model imports no ai.onnx opset")
-    if opset < MIN_OPSET:
-        raise UserError(
-            f"{path}: opset {opset} is older than {MIN_OPSET}, the oldest this tool handles; "
-            f"upgrade it first with onnx.version_converter.convert_version(model, 13)"
-        )
     if opset > MAX_OPSET:
         raise UserError(
             f"{path}: opset {opset} is newer than the installed onnx supports ({MAX_OPSET}); "
             f"upgrade onnx"
         )
+    return opset < MIN_OPSET
 
 
 def ai_onnx_opset(proto: onnx.ModelProto) -> int | None:
@@ -98,6 +105,39 @@ def ai_onnx_opset(proto: onnx.ModelProto) -> int | None:
             return imp.version
     return None
 
+
+
+def _keep_io_shapes(graph: gs.Graph, graph_proto: onnx.GraphProto) -> None:
+    """The main graph's inputs and outputs keep the shapes they declare. onnx-graphsurgeon lets a
+    ``value_info`` entry naming a graph input or output override its type; one without a shape
+    (some quantizers write them) left the output shapeless, and every model written from it was
+    rejected by the checker ("Field 'shape' of 'type' is required but missing") — issue 15 item 13."""
+    declared = {v.name: v.type.tensor_type for v in list(graph_proto.input) + list(graph_proto.output)
+                if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    for tensor in list(graph.inputs) + list(graph.outputs):
+        ttype = declared.get(tensor.name)
+        if ttype is not None and tensor.shape is None and isinstance(tensor, gs.Variable):
+            tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim]
+
+
+def _own_attribute_tensors(graph: gs.Graph) -> None:
+    """Tensor attributes (a Constant's or ConstantOfShape's ``value``) get their own copy of
+    the caller's TensorProto: onnx-graphsurgeon's exporter writes the tensor's name into the
+    TensorProto it holds, which would change the caller's model (``name: ""`` added to 38
+    LayerNormalization backend tests, ``benchmarks/results/backend-sweep-2026-12-02.md``)."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    graphs = [graph]
+    while graphs:
+        current = graphs.pop()
+        for node in current.nodes:
+            for value in node.attrs.values():
+                if isinstance(value, gs.Graph):
+                    graphs.append(value)
+                elif isinstance(value, gs.Constant) and isinstance(value._values, LazyValues):
+                    own = onnx.TensorProto()
+                    own.CopyFrom(value._values.tensor)
+                    value._values.tensor = own
 
 @dataclass
 class Model:
@@ -110,6 +150,7 @@ class Model:
     metadata_props: dict = field(default_factory=dict)
     load_notes: list = field(default_factory=list)
     source_value_info: frozenset = frozenset()  # tensor names the input model annotated (value_info)
+    value_types: dict = field(default_factory=dict)  # name -> TypeProto of non-tensor values (see 3.)
     _used_names: set = field(default_factory=set, repr=False)
     _counter: int = field(default=0, repr=False)
 
@@ -117,17 +158,24 @@ class Model:
     @classmethod
     def from_proto(cls, proto: onnx.ModelProto) -> "Model":
         n_init_inputs = _count_initializer_inputs(proto.graph)
+        upgrade_note, metadata = pop_note(proto)
         graph = gs.import_onnx(proto)
+        _keep_io_shapes(graph, proto.graph)
+        _own_attribute_tensors(graph)
+        restore_type_attributes(proto.graph, graph)
         model = cls(
             graph=graph,
             ir_version=proto.ir_version,
             producer_name=proto.producer_name,
             producer_version=proto.producer_version,
-            metadata_props={p.key: p.value for p in proto.metadata_props},
+            metadata_props=metadata,
             source_value_info=frozenset(v.name for g in proto_graphs(proto.graph) for v in g.value_info),
+            value_types=non_tensor_types(proto),
         )
         for g in model.all_graphs():
             map_constants(g)  # weights left on disk (load_proto(lazy=True)) are read as file maps
+        if upgrade_note:
+            model.load_notes.append(upgrade_note)
         n_const = model._constant_nodes_to_tensors()
         if n_const:
             model.load_notes.append(f"{n_const} Constant nodes turned into initializers")
@@ -183,7 +231,9 @@ class Model:
         return proto, {t.name: v for t, v in swapped if np.dtype(t.dtype) in _SPILLED}
 
     def _export(self) -> onnx.ModelProto:
-        proto = gs.export_onnx(self.graph, do_type_check=False)
+        with untyped_non_tensors(self.all_graphs(), self.value_types) as held:
+            proto = gs.export_onnx(self.graph, do_type_check=False)
+        fill_non_tensor_types(proto, held, self.value_types)
         share_subgraph_constants(proto.graph)
         proto.ir_version = max(self.ir_version, _min_ir_version(proto), _ir_for_initializers(proto))
         proto.producer_name = self.producer_name or "onnxslim_kit"
@@ -360,7 +410,8 @@ def check_writable(path) -> Path:
     path = Path(path)
     folder = _existing_folder(path)
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".slim-", dir=folder))
+        with interrupts_held():  # never left behind, even by a Ctrl-C
+            os.rmdir(tempfile.mkdtemp(prefix=".slim-", dir=folder))
     except OSError as exc:
         raise UserError(f"cannot write {path}: the folder {folder} is not writable ({exc.strerror or exc})") from None
     return path
@@ -398,39 +449,75 @@ def save_proto(proto: onnx.ModelProto, path, external_data: bool | None = None) 
     the proto still refers to weights on disk (``load_proto(lazy=True)``): those are copied to
     the new data file tensor by tensor (:func:`.streaming.write_external`), never all in memory.
     A write that fails (no such folder, not writable, disk full) is a :class:`UserError` naming
-    ``path``; nothing is left behind and an earlier file at ``path`` is kept."""
-    path = Path(path)
-    if external_data is None:
-        external_data = needs_external_data(proto) or has_anchored(proto)
-    tmpdir = _temporary_folder(path)
+    ``path``; nothing is left behind and an earlier file at ``path`` is kept. A Ctrl-C during the
+    write leaves the same: nothing new, the earlier file (:mod:`.atomic`)."""
+    staged = stage_proto(proto, path, external_data)
     try:
-        _write_atomically(proto, path, tmpdir, external_data)
+        staged.commit()
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return Path(path)
 
 
-def _write_atomically(proto: onnx.ModelProto, path: Path, tmpdir: Path, external_data: bool) -> None:
-    data_path = path.parent / (path.name + ".data")
-    # the previous output's weights (the old model is scanned only when such a file exists)
-    stale = data_path if data_path.exists() and refers_to(path, data_path.name) else None
+def stage_proto(proto: onnx.ModelProto, path, external_data: bool | None = None,
+                staged: StagedFiles | None = None) -> StagedFiles:
+    """Write ``proto`` under a temporary name beside ``path`` (added to ``staged``, a new
+    :class:`.atomic.StagedFiles` by default); :meth:`~.atomic.StagedFiles.commit` puts it in place.
+    Errors as :func:`save_proto`; on any error or interrupt the temporary files are removed."""
+    path = Path(path)
+    staged = StagedFiles() if staged is None else staged
+    if external_data is None:
+        external_data = needs_external_data(proto) or has_anchored(proto)
     try:
-        tmp_model = tmpdir / path.name
-        if external_data and write_external(proto, tmp_model, data_path.name):  # none when all are small
-            _retire_previous(path, tmpdir)
-            os.replace(tmpdir / data_path.name, data_path)
-            stale = None
-        elif not external_data:
-            with open(tmp_model, "wb") as fh:
-                write_serialized(proto, fh)  # = SerializeToString(), without the whole buffer
-        os.replace(tmp_model, path)
-        if stale is not None and stale.exists():
-            stale.unlink()  # the output it belonged to is replaced by one that does not use it
-    finally:
-        for leftover in tmpdir.iterdir() if tmpdir.exists() else []:
-            leftover.unlink()
-        if tmpdir.exists():
-            tmpdir.rmdir()
+        _write_staged(proto, path, _staging_folder(path, staged), external_data, staged)
+    except BaseException as exc:
+        with interrupts_held():
+            staged.discard()
+        if isinstance(exc, OSError):
+            raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
+    return staged
+
+
+def stage_file(path, staged: StagedFiles, write) -> None:
+    """``write(temporary_path)`` makes the file (a report, a copy) under a temporary name beside
+    ``path``; it is added to ``staged``. The caller discards ``staged`` on an error."""
+    path = Path(path)
+    tmpdir = _staging_folder(path, staged)
+    try:
+        write(tmpdir / path.name)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    staged.add(tmpdir / path.name, path)
+
+
+def _staging_folder(path: Path, staged: StagedFiles) -> Path:
+    """:func:`_temporary_folder`, recorded in ``staged`` (with the parents it made) before a
+    Ctrl-C can strike."""
+    with interrupts_held():
+        missing = [p for p in reversed(path.parents) if not (p.exists() or p.is_symlink())]
+        try:
+            tmpdir = _temporary_folder(path)
+        finally:
+            staged.created.extend(p for p in missing if p.is_dir())
+        staged.folders.append(tmpdir)
+    return tmpdir
+
+
+def _write_staged(proto: onnx.ModelProto, path: Path, tmpdir: Path, external_data: bool,
+                  staged: StagedFiles) -> None:
+    data_path = path.parent / (path.name + ".data")
+    tmp_model = tmpdir / path.name
+    if external_data and write_external(proto, tmp_model, data_path.name):  # none when all are small
+        staged.add(tmpdir / data_path.name, data_path)
+        staged.add(tmp_model, path, vacate=True)  # no old model beside the new weights, ever
+        return
+    if not external_data:
+        with open(tmp_model, "wb") as fh:
+            write_serialized(proto, fh)  # = SerializeToString(), without the whole buffer
+    staged.add(tmp_model, path)
+    if data_path.exists() and refers_to(path, data_path.name):
+        staged.remove(data_path, tmpdir)  # the previous output's weights: its model is replaced
 
 
 def refers_to(model_path: Path, data_name: str, chunk: int = 1 << 20) -> bool:
@@ -446,18 +533,6 @@ def refers_to(model_path: Path, data_name: str, chunk: int = 1 << 20) -> bool:
                 return True
             tail = block[-len(needle):]
     return False
-
-
-def _retire_previous(path: Path, tmpdir: Path) -> None:
-    """Move an existing output model out of the way before its data file is replaced.
-
-    The model and its ``.data`` file cannot be renamed together; replacing the data first
-    would, for a moment, pair the old model with the new weights. With the old model moved
-    aside (into the temporary folder, removed at the end), an interruption leaves no model
-    under the output name rather than a mismatched pair.
-    """
-    if path.exists():
-        os.replace(path, tmpdir / (".previous-" + path.name))
 
 
 def model_size_bytes(proto: onnx.ModelProto) -> int:

@@ -173,14 +173,42 @@ def _check_atol(atol: dict, original: onnx.ModelProto) -> dict:
 
 # --- the run loop -----------------------------------------------------------------------
 
-def _run_pass(instance, model: Model, ctx: PassContext, done: list) -> PassResult:
-    """``instance.run`` with its failures named: a bug in a pass says which pass."""
+class _RuntimeRefusal(Exception):
+    """ONNX Runtime cannot run the model a pass was given (custom-domain ops …): the pass is
+    skipped with this reason, the model left as it was before it."""
+
+
+def _runtime_refusal(exc: BaseException, snapshot: Model) -> str | None:
+    """The skip reason when ``exc`` is ONNX Runtime's and ORT cannot load the model as it was
+    before the pass (the model's fault, not the pass's); None otherwise (an internal error)."""
+    if not type(exc).__module__.startswith("onnxruntime"):
+        return None
+    from .runtime import make_session
+
+    try:
+        proto, arrays = snapshot.session_proto()
+        make_session(proto, arena=False, arrays=arrays)
+    except Exception as load_error:  # noqa: BLE001 - ORT raises its own types
+        text = str(load_error).strip().splitlines()[0] if str(load_error).strip() else type(load_error).__name__
+        text = text.split("Fatal error: ", 1)[-1][:200]
+        return f"ONNX Runtime cannot run the model ({text}): the pass needs it"
+    finally:
+        give_back()
+    return None
+
+
+def _run_pass(instance, model: Model, ctx: PassContext, done: list, snapshot: Model | None = None) -> PassResult:
+    """``instance.run`` with its failures named: a bug in a pass says which pass. An ONNX
+    Runtime error about a model ORT cannot load at all is :class:`_RuntimeRefusal`."""
     after = f" (after {', '.join(done)})" if done else ""
     try:
         result = instance.run(model, ctx)
     except (SlimError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised with the pass named
+        reason = _runtime_refusal(exc, snapshot) if snapshot is not None else None
+        if reason is not None:
+            raise _RuntimeRefusal(reason) from exc
         raise PassError(f"internal error in pass {instance.name!r}{after}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(result, PassResult):
         raise PassError(f"internal error in pass {instance.name!r}{after}: run() returned "
@@ -227,8 +255,13 @@ def run_pipeline(
     report.atol = dict(atol)
     report.rtol = rtol
     held_out = eval_feed is not None
-    verifier = (Verifier(original, (eval_feed if held_out else feed).take(verify_samples), rtol=rtol, atol=atol)
-                if verify else None)
+    generated = feed if not held_out and getattr(feed, "generated", False) else None
+    verifier = (Verifier(original, (eval_feed if held_out else feed).take(verify_samples), rtol=rtol, atol=atol,
+                         feed=generated) if verify else None)
+    if verifier is not None and verifier.derived:  # the data ORT runs on, for the passes too
+        feed = verifier.feed
+        report.load_notes.append(verifier.derived)
+        log(verifier.derived)
     report.verified_on = _verified_on(feed, held_out)
     if verifier is not None:
         report.original_check = verifier.original_check
@@ -243,7 +276,12 @@ def run_pipeline(
         start = time.perf_counter()
         ctx = PassContext(options=options, feed=feed, original=original, progress=progress, log=log,
                           exclude=selector, seed=seed)
-        result = _run_pass(instance, model, ctx, done)
+        try:
+            result = _run_pass(instance, model, ctx, done, snapshot)
+        except _RuntimeRefusal as refusal:  # the model as it was; the reason counted, one warning
+            model, result = snapshot, PassResult()
+            result.skip(str(refusal))
+            logger.warning(f"{instance.name}: skipped: {refusal}")
         done.append(instance.name)
         model.commit()
         elapsed = time.perf_counter() - start

@@ -7,15 +7,30 @@ Two checks, in order:
 2. ONNX Runtime, all of its own graph optimisations disabled (so its fusions cannot hide or
    cause a difference), original vs candidate on the same sample inputs; per output the
    worst :class:`~onnxslim_kit.metrics.Drift` over the samples. A lossless pass must keep
-   every output within ``max|a−b| ≤ 1e-6 + rtol·max|a|``, or, for an output given a
+   every output within ``max|a−b| ≤ 1e-6 + rtol'·max|a|``, or, for an output given a
    per-output absolute tolerance (``--atol OUT:1e-3``, as Polygraphy), ``max|a−b| ≤ atol``.
+   ``rtol' = max(rtol, 4·eps(dtype))`` for the output's float dtype: a lossless rewrite may
+   reorder arithmetic, and every rounding moves a value by up to eps/2 relative — one
+   float16 step (2⁻¹⁰ ≈ 9.8e-4) is ten times the default rtol 1e-4, so on float16 outputs
+   the bound is four float16 steps (≈ 3.9e-3) at the output's scale; float32's 4·2⁻²³ ≈ 4.8e-7
+   leaves the default as it was (:func:`.metrics.dtype_rtol` has the reasoning).
 
 Statuses: ``ok`` (within tolerance), ``drift`` (lossy pass, numbers recorded),
 ``failed`` (lossless pass beyond tolerance), ``invalid`` (checker or ONNX Runtime rejects the
 candidate while accepting the original), ``unverified`` (ONNX Runtime cannot load the
 original either, e.g. custom-domain ops: only the checker ran). An original that ONNX Runtime
 loads but cannot run on the sample inputs (generated shapes that do not fit, e.g. a dynamic
-dimension the graph needs to be 16) is a :class:`UserError` naming ``--input-shape``/``--calib``.
+dimension the graph needs to be 16) is a :class:`UserError` naming ``--input-shape``/``--calib``
+— after, for generated data, a bounded search for data it runs on (:func:`fit_generated`).
+
+Generated data that fits (:mod:`.calibration` derives integer values from the graph first:
+indices below the axis they index, Reshape / Expand / Slice / axes inputs, split sizes): when
+ORT still refuses the samples, the dynamic dimensions (but batch) are tried at other sizes
+(:data:`FIT_SIZES`: 256 to 1024 for a sample length a first Conv or a reflect Pad needs, 1 for
+a state's batch), each one alone and all together, then constant integer inputs (``1``,
+``0``); the first assignment ORT runs becomes the data of the whole run (passes included),
+and the report's load notes say which. At most :data:`FIT_TRIES` runs of one sample, none
+with more than :data:`FIT_MAX_ELEMENTS` values; when none runs, the message is as before.
 """
 
 from __future__ import annotations
@@ -24,10 +39,11 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from .errors import UserError
-from .metrics import compare, merge, within_atol, within_tolerance
+from .metrics import compare, least_precise, merge, within_atol, within_tolerance
 from .model import Model, needs_external_data
 from .runtime import give_back, make_session, run
 from .streaming import checker_view
@@ -80,11 +96,17 @@ class Verifier:
     none ran): ``fp16,compact`` must show ``compact`` changed nothing, not fail it for the
     drift ``fp16`` already made."""
 
-    def __init__(self, original: onnx.ModelProto, samples: list, rtol: float = 1e-4, atol: dict | None = None):
+    def __init__(self, original: onnx.ModelProto, samples: list, rtol: float = 1e-4, atol: dict | None = None,
+                 feed=None):
+        """``feed``: the generated feed ``samples`` came from; when ORT cannot run them, a
+        variant it runs is searched for (:func:`fit_generated`) and kept as :attr:`feed`,
+        what it changed in :attr:`derived` (None when nothing was searched)."""
         self.samples = samples
+        self.feed, self.derived = feed, None
         self.rtol = rtol
         self.atol = dict(atol or {})  # output name -> absolute tolerance (instead of rtol)
         self.original_check = checker_error(original)
+        self.compute_dtype = lowest_float_dtype(original)
         self.reference, self.runtime_error = None, None
         self.accepted = self._last = None  # outputs of the last accepted / last checked model
         try:
@@ -93,7 +115,14 @@ class Verifier:
             self.runtime_error = _first_line(exc)
             return
         try:
-            self.reference = self.accepted = _run_all(session, samples)
+            try:
+                self.reference = self.accepted = _run_all(session, samples)
+            except Exception:  # noqa: BLE001 - ORT raises its own types; a search for data it runs on
+                fitted = fit_generated(session, feed, len(samples)) if feed is not None else None
+                if fitted is None:
+                    raise
+                self.feed, self.samples, self.derived = fitted
+                self.reference = self.accepted = _run_all(session, self.samples)
         except Exception as exc:  # noqa: BLE001
             raise UserError(
                 f"ONNX Runtime loads the original model but cannot run it on the sample inputs "
@@ -134,15 +163,15 @@ class Verifier:
                 return Check("invalid", message=f"output {name!r} disappeared")
             drift = merge([compare(ref[name], res[name]) for ref, res in zip(reference, results)])
             outputs[name] = drift.to_dict()
-            ok = ok and self._within(name, drift)
+            ok = ok and self._within(name, drift, getattr(reference[0][name], "dtype", None))
         self._last = results
         against = "original" if reference is self.reference else "previous"
         return Check("ok" if ok else "failed" if lossless else "drift", outputs, against=against)
 
-    def _within(self, name: str, drift) -> bool:
+    def _within(self, name: str, drift, dtype=None) -> bool:
         if name in self.atol:
             return within_atol(drift, self.atol[name])
-        return within_tolerance(drift, self.rtol)
+        return within_tolerance(drift, self.rtol, dtype=least_precise(dtype, self.compute_dtype))
 
     def accept(self, lossless: bool) -> None:
         """The model last checked was accepted. After a lossy pass later lossless passes are
@@ -151,6 +180,55 @@ class Verifier:
         if self._last is not None and not lossless:
             self.accepted = self._last
         self._last = None
+
+
+# sizes tried for a dynamic dimension: 1 (a state's batch), a sample length a first Conv /
+# reflect Pad / STFT needs; no larger — a sequence of 4096 makes an attention score 4096²
+FIT_SIZES = (256, 1, 512, 1024)
+FIT_TRIES = 48
+FIT_MAX_ELEMENTS = 1 << 22
+
+
+def _assignments(dims: list, base: dict) -> list:
+    """Shape overrides to try, nearest first: all dynamic dimensions at one size, then one
+    dimension at a size with the others at another (a long sample axis beside a batch-1 state)."""
+    def shapes(values: dict) -> dict:
+        out = {name: list(shape) for name, shape in base.items()}
+        for (name, axis), size in values.items():
+            out[name][axis] = size
+        return out
+
+    tries = [shapes({d: size for d in dims}) for size in FIT_SIZES]
+    for d in dims:
+        for size in FIT_SIZES:
+            for rest in (64,) + FIT_SIZES:
+                if rest != size and len(dims) > 1:
+                    tries.append(shapes({**{o: rest for o in dims}, d: size}))
+    return tries
+
+
+def fit_generated(session, feed, n: int):
+    """A bounded search for generated data ORT runs the original on: ``(feed, samples, note)``
+    or None. Tries shape assignments of the dynamic dimensions, then constant integer inputs."""
+    dims = feed.dynamic_dims()
+    base = {s.name: feed.concrete_shape(s) for s in feed.specs}
+    ints = [s.name for s in feed.specs if s.dtype.kind in "iu"]
+    tries = [(shapes, {}) for shapes in (_assignments(dims, base) if dims else [])]
+    tries += [({}, {name: value for name in ints}) for value in (1, 0)] if ints else []
+    for shapes, fill in tries[:FIT_TRIES]:
+        if sum(int(np.prod(v)) for v in shapes.values()) > FIT_MAX_ELEMENTS:
+            continue
+        changed = {k: v for k, v in shapes.items() if v != base[k]}
+        variant = feed.variant(changed, fill)
+        try:
+            run(session, variant.take(1)[0])
+        except Exception:  # noqa: BLE001 - ORT refuses this one; the next
+            continue
+        finally:
+            give_back()
+        what = [f"{k}:{','.join(map(str, v))}" for k, v in changed.items()] + [f"{k}={v}" for k, v in fill.items()]
+        return variant, variant.take(n), "generated data derived for ONNX Runtime: " + " ".join(what)
+    return None
 
 
 def _session(proto: onnx.ModelProto, arrays: dict | None = None):
@@ -176,3 +254,29 @@ def _shapes(samples: list) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def lowest_float_dtype(proto: onnx.ModelProto):
+    """The least precise float type the graph computes in (its initializers, inputs, outputs,
+    annotated values and Casts): a float32 output computed in float16 carries float16 rounding,
+    so its lossless bound is float16's (``Cast → Conv → BN → Cast`` moved an output by 2e-4
+    relative: found by the fuzzer, ``benchmarks/results/fuzz-2026-12-02.md``)."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    from .model import proto_graphs
+
+    types = set()
+    for graph in proto_graphs(proto.graph):
+        types.update(t.data_type for t in graph.initializer)
+        for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if value.type.HasField("tensor_type"):
+                types.add(value.type.tensor_type.elem_type)
+        for node in graph.node:
+            types.update(a.i for a in node.attribute if node.op_type == "Cast" and a.name == "to")
+    dtypes = []
+    for code in types:
+        try:
+            dtypes.append(tensor_dtype_to_np_dtype(code))
+        except Exception:  # noqa: BLE001 - undefined / string / non-numpy types
+            continue
+    return least_precise(*dtypes)

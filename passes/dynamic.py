@@ -21,7 +21,9 @@ Conditions: weight a float constant, activation a float tensor, main graph or su
 the node is not selected by ``exclude=`` (a :mod:`onnxslim_kit.selection` selector, which
 must match a node; ``NAME`` / ``re:`` / ``op:`` / ``all`` reach If/Loop bodies too,
 ``first`` / ``last`` count in the main graph) nor by the global ``--exclude``. Models already
-quantized pass through untouched.
+quantized (any Q/DQ or integer op, e.g. quantize_dynamic's ConvInteger or DynamicQuantizeLSTM:
+:func:`onnxslim_kit.passes._quant.qdq.is_quantized_op`) pass through untouched, with the counted
+reason and a note naming the ops: their float layers were left float on purpose.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes._common.graph import attr, const_value, is_onnx_op
 from onnxslim_kit.passes._quant.dynamic import dynamic_matmul, integer_op, rescale
-from onnxslim_kit.passes._quant.qdq import is_quantized, quantize_weight, weight_scales
+from onnxslim_kit.passes._quant.qdq import already_quantized, quantize_weight, weight_scales
 
 
 @register_pass
@@ -52,8 +54,7 @@ class DynamicPass(Pass):
 
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
-        if any(is_quantized(g) for g in model.all_graphs()):
-            result.skip("already quantized (has Q/DQ or integer ops)")
+        if already_quantized(model, result):
             return result
         if model.opset < 10:
             result.skip("opset < 10 has no MatMulInteger")

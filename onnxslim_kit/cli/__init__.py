@@ -5,6 +5,11 @@ Subcommands: ``optimize`` (the default, :mod:`.optimize`), ``bench`` (measure mo
 those of :mod:`onnxslim_kit.errors`; every error is one line on stderr (``--debug`` adds the
 traceback of an internal error).
 
+Ctrl-C at any point (imports, loading, passes, verification, the write) ends the command with
+one line, ``interrupted; nothing written``, and exit 130: the output and the report are
+written under temporary names and put in place together (:mod:`onnxslim_kit.atomic`). Once
+they are in place, Ctrl-C is ignored and the command ends with exit 0, as it reports.
+
 The library logs to ``logging.getLogger("onnxslim_kit")`` and installs no handler; the
 command line installs one on stderr for the duration of a command, printing
 ``[onnxslim_kit] message`` lines (warnings only under ``-q``).
@@ -13,11 +18,13 @@ command line installs one on stderr for the duration of a command, printing
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import traceback
 from contextlib import contextmanager
 
-from ..errors import EXIT_INTERNAL, PassError, SlimError
+from ..atomic import pause
+from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, INTERRUPTED, PassError, SlimError
 from .optimize import build_parser, default_output, list_passes
 
 __all__ = ["main", "build_parser", "default_output", "list_passes"]
@@ -26,9 +33,21 @@ SUBCOMMANDS = ("optimize", "bench", "fetch")
 
 
 class _StderrHandler(logging.Handler):
-    """Writes to the ``sys.stderr`` of the moment (tests swap it)."""
+    """Writes to the ``sys.stderr`` of the moment (tests swap it); below ``level``, nothing
+    (it sees every record for the test hook :func:`onnxslim_kit.atomic.pause`)."""
+
+    def __init__(self, level: int):
+        super().__init__(level=logging.INFO)
+        self.shown = level
 
     def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.endswith(": running"):
+            pause("running")  # nothing without the hook's variable
+        elif ": verifying " in message:
+            pause("verifying")
+        if record.levelno < self.shown:
+            return
         try:
             print(self.format(record), file=sys.stderr)
         except Exception:  # noqa: BLE001 - as logging.StreamHandler
@@ -51,7 +70,7 @@ def cli_logging(quiet: bool):
         logger.setLevel(old_level)
 
 
-def _dispatch(argv: list) -> int:
+def _dispatch(argv: list, program: bool) -> int:
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "optimize"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     if command == "bench":
@@ -64,16 +83,21 @@ def _dispatch(argv: list) -> int:
         return fetch_main(rest)
     from .optimize import main as optimize_main
 
-    return optimize_main(rest)
+    return optimize_main(rest, program)
 
 
 def main(argv: list | None = None) -> int:
+    """The command line; ``argv=None``: run as the program (``sys.argv``; Ctrl-C ignored once the
+    output is in place). With ``argv`` given (tests, embedding) the SIGINT handler is restored."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     quiet = "-q" in argv or "--quiet" in argv
+    handler = None if program else _sigint_handler()
     try:
+        pause("start")
         with cli_logging(quiet):
-            return _dispatch(argv)
+            return _dispatch(argv, program)
     except PassError as exc:
         if debug:
             traceback.print_exception(exc.__cause__ or exc)
@@ -83,10 +107,20 @@ def main(argv: list | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted; nothing written", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the last line of defence
         if debug:
             traceback.print_exc()
         print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+
+
+def _sigint_handler():
+    """The SIGINT handler of the moment, or None outside the main thread (nothing to restore)."""
+    import threading
+
+    return signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, EXIT_OK, UserError
+from .parsing import OneLineParser, positive_int
 
 EPILOG = """\
 examples:
@@ -28,7 +29,7 @@ Exit codes: 0 ok, 2 bad input (or a model ONNX Runtime cannot run: its row says 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="onnxslim-kit bench", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Latency (median/p90/p99, interleaved A B A B …), throughput, session time, peak memory, "
                     "size (raw and compressed), parameters, MACs and output drift of ONNX models, side by side.",
@@ -39,15 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma list of execution providers, short (cpu, cuda, tensorrt, openvino, dml, "
                              "coreml) or full ORT names; 'list' prints those available (default cpu)")
     parser.add_argument("--threads", default="1", help="comma list of intra-op thread counts, 0 = ORT default (default 1)")
-    parser.add_argument("--runs", type=int, default=100, help="timed runs per model (default 100)")
+    parser.add_argument("--runs", type=positive_int, default=100, help="timed runs per model (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed runs per model first (default 10)")
     parser.add_argument("--ort-opt", default="all", choices=["disable", "basic", "extended", "all"],
                         help="ONNX Runtime graph optimisation level (default all, as deployed)")
-    parser.add_argument("--batch", type=int, help="stack samples to this batch size on dynamic first axes")
+    parser.add_argument("--batch", type=positive_int, help="stack samples to this batch size on dynamic first axes")
     parser.add_argument("--calib", metavar="PATH", help=".npz/.npy file or folder of them (default: random data)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                         help="fix an input's dynamic dimensions, e.g. x:1,3,224,224 (repeatable)")
-    parser.add_argument("--num-samples", type=int, default=8, help="random samples when --calib is not given (default 8)")
+    parser.add_argument("--num-samples", type=positive_int, default=8, help="random samples when --calib is not given (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
     parser.add_argument("--compression", default="zlib", choices=["zlib", "lzma"],
                         help="codec for the compressed size (default zlib)")
@@ -100,7 +101,7 @@ def main(argv: list) -> int:
     from .. import bench
     from ..calibration import CalibrationFeed, input_specs, parse_input_shapes
     from ..progress import progress_bar
-    from ..model import load_proto
+    from ..model import check_writable, load_proto
 
     args = build_parser().parse_args(argv)
     if args.providers.strip().lower() == "list":
@@ -113,6 +114,9 @@ def main(argv: list) -> int:
     for p in providers:
         bench.resolve_provider(p)  # a missing provider fails before any work
     names = [n.strip() for n in args.names.split(",")] if args.names else None
+    for target in (args.report, args.markdown):
+        if target:
+            check_writable(target)  # before any work
     feed = CalibrationFeed(input_specs(load_proto(args.models[0])), args.calib,
                            parse_input_shapes(args.input_shape), num_samples=args.num_samples, seed=args.seed)
     report = bench.benchmark(
@@ -123,11 +127,27 @@ def main(argv: list) -> int:
     )
     report.settings["command"] = "python -m onnxslim_kit bench " + shlex.join(argv)
     report.settings["inputs"] = "generated (seeded)" if feed.generated else str(args.calib)
-    if args.report:
-        Path(args.report).write_text(report.to_json())
-    if args.markdown:
-        Path(args.markdown).write_text(report.markdown() + "\n")
+    _write_files({args.report: report.to_json(), args.markdown: report.markdown() + "\n"})
     if not args.quiet:
         print(report.table())
     failed = [row for row in report.rows if row.get("error")]
     return EXIT_BAD_INPUT if failed else EXIT_OK
+
+
+def _write_files(texts: dict) -> None:
+    """``{path: text}`` (paths None skipped) written together, atomically (:mod:`onnxslim_kit.atomic`):
+    a Ctrl-C or an error writes none of them."""
+    from ..atomic import StagedFiles, interrupts_held
+    from ..model import stage_file
+
+    staged = StagedFiles()
+    try:
+        for path, text in texts.items():
+            if path:
+                stage_file(path, staged, lambda tmp, text=text: tmp.write_text(text))
+        staged.commit()
+    except OSError as exc:
+        raise UserError(f"cannot write {', '.join(p for p in texts if p)}: {exc.strerror or exc}") from None
+    finally:
+        with interrupts_held():
+            staged.discard()

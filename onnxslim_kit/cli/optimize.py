@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import EXIT_OK, UserError
 from ..progress import progress_bar
+from .parsing import OneLineParser, positive_int, tolerance
 
 SUBCOMMANDS = """\
 subcommands (optimize is the default: `onnxslim-kit MODEL ...` = `onnxslim-kit optimize MODEL ...`):
@@ -27,7 +28,8 @@ passes run in the order given, comma-separated; options in parentheses:
 `--list-passes` shows every pass with its options and defaults."""
 
 EPILOG = """\
-exit codes: 0 ok, 1 internal error, 2 bad input or option, 3 verification failed (--strict)
+exit codes: 0 ok, 1 internal error, 2 bad input or option, 3 verification failed (--strict),
+            130 interrupted (Ctrl-C: nothing written)
 
 examples:
   python -m onnxslim_kit model.onnx --passes fuse -o model.fused.onnx
@@ -44,7 +46,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     from ..recipe import version_line
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="onnxslim-kit",
         description="Compress an ONNX model with verified graph passes.\n\n" + SUBCOMMANDS + "\n\n" + PASS_HELP,
         epilog=EPILOG,
@@ -74,11 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--exclude", action="append", default=[], metavar="SEL",
                         help="nodes no lossy pass may change: NAME, re:REGEX, op:TYPE, first:TYPE:N, last:TYPE:N, "
                              "terms separated by ';' (repeatable); must select a node of the input")
-    parser.add_argument("--num-samples", type=int, default=8,
+    parser.add_argument("--num-samples", type=positive_int, default=8,
                         help="random samples to generate when --calib is not given (default 8)")
-    parser.add_argument("--verify-samples", type=int, default=4,
+    parser.add_argument("--verify-samples", type=positive_int, default=4,
                         help="samples used to verify each pass (default 4)")
-    parser.add_argument("--rtol", type=float, default=1e-4,
+    parser.add_argument("--rtol", type=tolerance, default=1e-4,
                         help="lossless tolerance: max abs error <= rtol * max |output| (default 1e-4)")
     parser.add_argument("--atol", action="append", default=[], metavar="OUT:TOL",
                         help="judge output OUT lossless by max abs error <= TOL instead of --rtol, e.g. "
@@ -128,9 +130,14 @@ def default_output(model: Path) -> Path:
     return model.with_name(name + ".slim.onnx")
 
 
-def _refuse_overwriting_input(model_path: Path, out_path: Path) -> None:
-    """The output (or its ``.data`` file) must not be the input model or one of its external-data files."""
-    targets = [p.resolve() for p in (out_path, out_path.with_name(out_path.name + ".data")) if p.exists()]
+def _refuse_overwriting_input(model_path: Path, out_path: Path, report: Path | None = None) -> None:
+    """The output (or its ``.data`` file) and the report must not be the input model or one of its
+    external-data files, nor each other."""
+    data_path = out_path.with_name(out_path.name + ".data")
+    if report is not None and report.resolve() in (out_path.resolve(), data_path.resolve()):
+        raise UserError(f"--report {report} is the output model (or its data); give the report another name")
+    targets = [(label, p.resolve()) for label, p in (("output", out_path), ("output", data_path), ("report", report))
+               if p is not None and p.exists()]
     if not targets or not model_path.is_file():
         return
     import onnx
@@ -141,9 +148,9 @@ def _refuse_overwriting_input(model_path: Path, out_path: Path) -> None:
         inputs.update((model_path.parent / loc).resolve() for loc in _external_locations(proto))
     except Exception:  # noqa: BLE001 - an unreadable input is reported by the loader
         pass
-    for target in targets:
+    for label, target in targets:
         if target in inputs:
-            raise UserError(f"the output {target} is the input (or its data); the input is never overwritten")
+            raise UserError(f"the {label} {target} is the input (or its data); the input is never overwritten")
 
 
 def _external_locations(proto) -> set:
@@ -169,22 +176,26 @@ def _arguments(args) -> dict:
         return {**replay, **common, "verify": replay.get("verify", True) and not args.no_verify}
     if not args.model:
         raise UserError("no model given (see --help)")
+    input_shapes = parse_input_shapes(args.input_shape)
+    for name, dims in input_shapes.items():
+        if any(d < 1 for d in dims):
+            raise UserError(f"--input-shape {name}:{','.join(map(str, dims))}: dimensions must be >= 1")
     return {
         "model": args.model, "passes": args.passes or "fuse", "calib": args.calib, "eval_data": args.eval,
-        "input_shapes": parse_input_shapes(args.input_shape), "fixed_inputs": parse_input_values(args.fix_input),
+        "input_shapes": input_shapes, "fixed_inputs": parse_input_values(args.fix_input),
         "num_samples": args.num_samples, "seed": args.seed, "rtol": args.rtol, "atol": parse_atol(args.atol),
         "exclude": args.exclude or None, "verify_samples": args.verify_samples, **common,
     }
 
 
-def run_optimize(args, argv: list | None = None) -> int:
+def run_optimize(args, argv: list | None = None, program: bool = False) -> int:
     from .. import optimize
-    from ..model import check_writable, save_proto
+    from ..model import check_writable
 
     kwargs = _arguments(args)
     model_path = Path(kwargs.pop("model"))
     out_path = Path(args.output) if args.output else default_output(model_path)
-    _refuse_overwriting_input(model_path, out_path)
+    _refuse_overwriting_input(model_path, out_path, Path(args.report) if args.report else None)
     for target in [out_path] + ([args.report] if args.report else []):
         check_writable(target)  # before any work: an unwritable -o / --report is said at once, naming it
     proto, report = optimize(model_path, **kwargs)
@@ -194,22 +205,40 @@ def run_optimize(args, argv: list | None = None) -> int:
             print(f"warning: pass {entry.name!r} not verified ({entry.verification['message']}); "
                   f"only the onnx checker ran", file=sys.stderr)
     report.output_path = str(out_path)
-    try:
-        save_proto(proto, out_path, external_data=True if args.external_data else None)
-        if args.report:
-            Path(args.report).parent.mkdir(parents=True, exist_ok=True)  # as for -o
-            Path(args.report).write_text(report.to_json())
-    except OSError as exc:  # the report (save_proto names its own path)
-        raise UserError(f"cannot write {args.report}: {exc.strerror or exc}") from None
+    _write(proto, report, out_path, args, program)
     if not args.quiet:
-        print(report.table())
         print(f"wrote {out_path}")
     return EXIT_OK
 
 
-def main(argv: list) -> int:
+def _write(proto, report, out_path: Path, args, program: bool) -> None:
+    """The model and the report under temporary names, then both put in place at once
+    (:mod:`onnxslim_kit.atomic`): an error or a Ctrl-C up to that point writes nothing; run as
+    the program, Ctrl-C is ignored once they are in place (the command ends as it says)."""
+    from ..atomic import interrupts_held, pause
+    from ..model import stage_file, stage_proto
+
+    staged = stage_proto(proto, out_path, external_data=True if args.external_data else None)
+    try:
+        pause("write")
+        if args.report:
+            stage_file(args.report, staged, lambda tmp: tmp.write_text(report.to_json()))
+            pause("report")
+        if not args.quiet:
+            print(report.table())
+        staged.commit(then_ignore_interrupts=program)
+    except OSError as exc:  # a rename refused (everything was put back)
+        raise UserError(f"cannot write {out_path}: {exc.strerror or exc}") from None
+    finally:
+        with interrupts_held():
+            staged.discard()
+
+
+def main(argv: list, program: bool = False) -> int:
+    """``program``: run as the process itself (``python -m onnxslim_kit``), which may ignore
+    Ctrl-C once the output is in place."""
     args = build_parser().parse_args(argv)
     if args.list_passes:
         print(list_passes())
         return EXIT_OK
-    return run_optimize(args, argv)
+    return run_optimize(args, argv, program)

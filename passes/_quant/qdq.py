@@ -17,6 +17,8 @@ Constants are always new arrays (never edited in place); every name comes from
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -30,11 +32,42 @@ QRANGE = {"uint8": (0, 255, np.uint8), "int8": (-128, 127, np.int8)}
 QDQ_OPS = {
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
     "MatMulInteger", "ConvInteger", "QGemm", "QLinearAdd", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+    # com.microsoft kernels ONNX Runtime's quantizers write (the QLinear* family is matched by prefix)
+    "DynamicQuantizeLSTM", "QAttention", "QEmbedLayerNormalization", "QOrderedMatMul", "QOrderedLayerNormalization",
+    "QOrderedGelu", "QOrderedAttention", "QuantizeWithOrder", "DequantizeWithOrder", "MatMulNBits",
+    "MatMulBnb4", "GatherBlockQuantized", "QMoE",
 }
 
 
+def is_quantized_op(op: str) -> bool:
+    """A Q/DQ or integer op of any domain: :data:`QDQ_OPS`, ``QLinear*``, ``*Integer``,
+    ``*IntegerToFloat``."""
+    return op in QDQ_OPS or op.startswith("QLinear") or op.endswith(("Integer", "IntegerToFloat"))
+
+
+def quantized_ops(graphs) -> Counter:
+    """How many nodes of each quantized op type (:func:`is_quantized_op`) ``graphs`` hold."""
+    return Counter(node.op for graph in graphs for node in graph.nodes if is_quantized_op(node.op))
+
+
 def is_quantized(graph: gs.Graph) -> bool:
-    return any(node.op in QDQ_OPS for node in graph.nodes)
+    return any(is_quantized_op(node.op) for node in graph.nodes)
+
+
+def already_quantized(model, result) -> bool:
+    """True when ``model`` already holds quantized ops (a QAT export, an earlier quantizer's
+    output): the ``int8`` / ``dynamic`` passes then leave it as it is — it was quantized on
+    purpose, with its float layers (if any) kept float on purpose — and say so: the counted
+    reason, and a note naming the ops found (``already quantized: 21 DynamicQuantizeLinear,
+    21 ConvInteger — …``)."""
+    found = quantized_ops(model.all_graphs())
+    if not found:
+        return False
+    result.skip("already quantized (has Q/DQ or integer ops)")
+    listed = ", ".join(f"{n} {op}" for op, n in found.most_common())
+    result.notes.append(f"already quantized: {listed} — left as it is (start from the float model to "
+                        "quantize it again)")
+    return True
 
 
 def activation_params(lo: float, hi: float, dtype: str = "uint8") -> tuple:

@@ -6,6 +6,8 @@ Rewrites (each in its own module, each counted in the report under its label):
   MatMul (also across a bias Add), or replaced by one Mul + Add when nothing precedes it;
 * :mod:`onnxslim_kit.passes.fuse.fold_affine` — constant Mul / Add / Sub / Div folded into Conv and Gemm weights and
   bias; MatMul + Add → Gemm where valid;
+* :mod:`onnxslim_kit.passes.fuse.affine_chain` — chains of constant Mul / Add (a BN made Mul + Add before a
+  scale layer) as one Mul and one Add;
 * :mod:`onnxslim_kit.passes.fuse.cleanup` — Identity, inference Dropout and no-op Reshape / Transpose / Cast / Pad /
   Slice / Expand / Squeeze / Flatten / neutral arithmetic removed; :mod:`onnxslim_kit.passes.fuse.merges` —
   inverse Squeeze/Unsqueeze pairs removed, Transpose∘Transpose, Reshape∘Reshape and Unsqueeze∘Unsqueeze merged
@@ -18,6 +20,9 @@ Rewrites (each in its own module, each counted in the report under its label):
   kernel is 5–14× slower than those); :mod:`onnxslim_kit.passes.fuse.hardswish` — ``x·relu6(x + 3)/6`` chains as
   ``HardSwish`` (or ``x · HardSigmoid``), ``relu6(x + 3)/6`` as ``HardSigmoid``.
 
+Order within a round: the constant-making rules of ``const_fold`` (folding, shapes), then the
+layer folds, cleanups and activation rewrites, then duplicate-constant merging and CSE — so two
+layers whose weights are equal by value only are still two tensors when a BN folds into each.
 Every rule is applied to the main graph and to every If / Loop / Scan body. Dead code goes
 with the pipeline's ``commit()``. The rewrite modules expose ``RULES``: a list of
 ``(label, function)`` where ``function(graph, run) -> int`` applies the rule once over
@@ -34,6 +39,7 @@ from onnxslim_kit.api import Option, Pass, PassResult, register_pass
 
 from onnxslim_kit.passes._common.match import RuleRun
 
+from onnxslim_kit.passes.fuse import affine_chain as _affine_chain
 from onnxslim_kit.passes.fuse import cleanup as _cleanup
 from onnxslim_kit.passes.fuse import const_fold as _const_fold
 from onnxslim_kit.passes.fuse import fold_affine as _fold_affine
@@ -59,13 +65,14 @@ class FusePass(Pass):
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
         run = RuleRun(model, result)
-        rules = _fold_bn.RULES + _fold_affine.RULES + _cleanup.RULES + (
+        rules = _fold_bn.RULES + _fold_affine.RULES + _cleanup.RULES + _affine_chain.RULES + (
             _prelu.RULES + _hardswish.RULES if ctx.options["activations"] else [])
-        const_rules = _const_fold.rules(ctx.options["fold_size_limit"], ctx.options["cse"])
+        rules = (_const_fold.folding_rules(ctx.options["fold_size_limit"]) + rules
+                 + _const_fold.merging_rules(ctx.options["cse"]))
         for _ in range(MAX_ROUNDS):
             changed = 0
             for graph in list(model.all_graphs()):
-                for label, rule in const_rules + rules:
+                for label, rule in rules:
                     count = rule(graph, run)
                     if count:
                         result.rewrite(label, count)

@@ -19,6 +19,10 @@
       slimming pass does not expand ``ConstantOfShape`` / ``Expand`` / ``Tile`` or fp16→fp32
       casts into big weights (ONNX Runtime folds those itself at load time) — and it is not a
       ``DequantizeLinear`` (folding would turn int8 weights back into float ones);
+      d does not apply to a node whose results are read only as layer weights (Conv / Gemm
+      weights, BN parameters …: :mod:`onnxslim_kit.passes.fuse.weight_slots`), which are
+      materialized so the folds after it can use them — c does: a generated weight above
+      ``fold_size_limit`` stays generated (onnx's light_vgg19 would grow from 9 KB to 548 MB);
    e. the results match the element type and static shape the graph declares for them.
 
    Evaluation: the node alone in a one-node model, run by ONNX Runtime (its kernels are the
@@ -59,6 +63,7 @@ from onnxslim_kit.passes._common.graph import as_array, is_graph_output, is_onnx
 from onnxslim_kit.passes._common.match import MatchResult, RuleRun
 from onnxslim_kit.passes._common.shapes import ShapeTable, elem_type
 from onnxslim_kit.passes.fuse.shape_fold import constant_reshape_targets, fold_shapes
+from onnxslim_kit.passes.fuse.weight_slots import feeds_weights_only
 
 NON_DETERMINISTIC = frozenset({
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
@@ -80,19 +85,31 @@ GROWTH_ALLOWANCE = 4096
 
 
 def rules(size_limit: int, cse: bool) -> list:
-    found = [
+    """Rules 1–6 in order (5 and 6 only with ``cse``)."""
+    return folding_rules(size_limit) + merging_rules(cse)
+
+
+def folding_rules(size_limit: int) -> list:
+    """Rules 1–4: what makes constants (run before the layer folds, which need them)."""
+    return [
         ("Constant node → initializer", constant_nodes_to_tensors),
         ("constant folded", partial(fold_constants, size_limit=size_limit)),
         ("If with constant condition inlined", inline_constant_ifs),
         ("Shape/Size folded", fold_shapes),
         ("reshape target made constant", constant_reshape_targets),
     ]
-    if cse:
-        found += [
-            ("duplicate constant merged", merge_duplicate_constants),
-            ("common subexpression merged", merge_common_subexpressions),
-        ]
-    return found
+
+
+def merging_rules(cse: bool) -> list:
+    """Rules 5–6 (with ``cse``): ``fuse`` runs them after the layer folds of a round, so weights
+    equal only by value (old exports fill every weight with one ConstantOfShape value) are not
+    yet one shared tensor when BN or a Mul folds into each of their layers."""
+    if not cse:
+        return []
+    return [
+        ("duplicate constant merged", merge_duplicate_constants),
+        ("common subexpression merged", merge_common_subexpressions),
+    ]
 
 
 # --- 1. Constant nodes ------------------------------------------------------------------------
@@ -292,7 +309,7 @@ def fold_constants(graph, run: RuleRun, size_limit: int) -> int:
         values = _constant_inputs(node, graph, run.unfoldable)
         if values is None:
             continue
-        found = _fold(node, values, run, shapes, size_limit)
+        found = _fold(node, values, run, shapes, size_limit, feeds_weights_only(node, graph))
         if not found.ok:
             run.unfoldable.add(id(node))
             run.skip(node, found)
@@ -319,22 +336,27 @@ def _constant_inputs(node: gs.Node, graph, unfoldable: set) -> list | None:
     return _input_values(node)
 
 
-def _size_problem(nbytes: int, input_bytes: int, size_limit: int) -> str | None:
+def _size_problem(nbytes: int, input_bytes: int, size_limit: int, weight: bool) -> str | None:
+    """``weight``: the result is only read as a layer's weight (weight_slots) — materialized
+    however much larger than its inputs (ORT builds it at load anyway, and the folds after it
+    need it constant), but never above ``fold_size_limit``: a generated 400 MB weight stays a
+    ConstantOfShape rather than growing the file (onnx's light_vgg19: 9 KB → 548 MB)."""
     if nbytes > size_limit:
         return TOO_LARGE
-    if nbytes > input_bytes + GROWTH_ALLOWANCE:
+    if not weight and nbytes > input_bytes + GROWTH_ALLOWANCE:
         return GROWS
     return None
 
 
-def _fold(node: gs.Node, values: list, run: RuleRun, shapes: ShapeTable, size_limit: int) -> MatchResult:
+def _fold(node: gs.Node, values: list, run: RuleRun, shapes: ShapeTable, size_limit: int,
+          weight: bool = False) -> MatchResult:
     """Check + evaluate: payload the result arrays, or the reason (``""``: pass over silently)."""
     reason = _why_not_foldable(node)
     if reason is not None:
         return MatchResult.fail(reason)
     input_bytes = sum(int(v.nbytes) for v in values if v is not None)
     estimate = _estimate_bytes(node, values, shapes)
-    reason = _size_problem(estimate, input_bytes, size_limit) if estimate is not None else None
+    reason = _size_problem(estimate, input_bytes, size_limit, weight) if estimate is not None else None
     if reason is not None:
         return MatchResult.fail(reason)
     try:
@@ -342,7 +364,7 @@ def _fold(node: gs.Node, values: list, run: RuleRun, shapes: ShapeTable, size_li
     except FoldError as exc:
         run.note_once(f"constant folding of {node.op} failed: {exc}")
         return MatchResult.fail("constant folding: evaluation failed")
-    reason = _size_problem(sum(int(v.nbytes) for v in results), input_bytes, size_limit)
+    reason = _size_problem(sum(int(v.nbytes) for v in results), input_bytes, size_limit, weight)
     reason = reason or _result_problem(node, results, shapes)
     return MatchResult.fail(reason) if reason else MatchResult.of(results)
 

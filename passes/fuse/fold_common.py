@@ -30,6 +30,12 @@ A tensor that is both weight and bias of a Gemm (``Gemm(x, W, W)``, also what th
 merge makes of two equal constants) is read before anything is written, and the new weight
 goes to a new constant, so the bias is ``W·s + t`` and not ``W·s²`` (issue 15, item 1).
 
+Quantized models (issue 15, item 13): a quantizer rounds — QuantizeLinear ``q = round(x/s) + z``,
+DynamicQuantizeLinear the same with ``s = (max x − min x)/255`` from ``x`` itself — so a fold,
+exact in real numbers but not bit for bit, that moves ``x`` by an ulp can move an integer by a
+step and the output by ``s``. :func:`apply_each` therefore leaves a node whose output reaches a
+quantizer's float input as it is (:func:`feeds_quantizer`, counted reason :data:`FEEDS_QUANTIZER`).
+
 Helpers here never raise for "does not apply": they return a failed
 :class:`~onnxslim_kit.passes._common.match.MatchResult` with the reason.
 """
@@ -158,7 +164,19 @@ def _matmul_rank(node, tensor, depth):
     return max(a, b)
 
 
+def _concat_rank(node, tensor, depth):
+    """Every input of a Concat has the output's rank: the first one known. Inputs that are not
+    Concat outputs are tried first, so a chain of Concats (DenseNet) is walked once."""
+    ordered = sorted(node.inputs, key=lambda t: is_onnx_op(producer(t), "Concat") if producer(t) else False)
+    for inp in ordered:
+        rank = rank_of(inp, depth)
+        if rank is not None:
+            return rank
+    return None
+
+
 _RANK_RULES = {
+    "Concat": _concat_rank,
     "Flatten": lambda node, tensor, depth: 2,
     "Gemm": lambda node, tensor, depth: 2,
     "Conv": _conv_rank,
@@ -343,6 +361,23 @@ def _matmul_to_gemm(matmul, graph, model) -> gs.Node:
     return gemm
 
 
+QUANTIZERS = ("QuantizeLinear", "DynamicQuantizeLinear")
+FEEDS_QUANTIZER = "feeds a quantizer: rewrite not bit-exact (an integer could move a step)"
+
+
+def feeds_quantizer(graph: gs.Graph) -> set:
+    """``id(node)`` of every node of ``graph`` from whose outputs the float input of a
+    QuantizeLinear / DynamicQuantizeLinear is reachable (empty for a float model)."""
+    seen: set = set()
+    todo = [n.inputs[0] for n in graph.nodes if is_onnx_op(n, *QUANTIZERS) and n.inputs]
+    while todo:
+        for node in todo.pop().inputs:  # a gs tensor's inputs: its producer
+            if id(node) not in seen:
+                seen.add(id(node))
+                todo.extend(node.inputs)
+    return seen
+
+
 def apply_each(graph: gs.Graph, run: RuleRun, op_types: tuple, plan, rewrite) -> int:
     """Match/check, then rewrite, for every node of ``op_types`` in ``graph``.
 
@@ -352,11 +387,14 @@ def apply_each(graph: gs.Graph, run: RuleRun, op_types: tuple, plan, rewrite) ->
     carries out. Returns the number of rewrites.
     """
     node_ids = {id(n) for n in graph.nodes}
+    guarded = feeds_quantizer(graph)
     count = 0
     for node in [n for n in graph.nodes if is_op(n, *op_types)]:
         if not node.outputs:  # removed by an earlier rewrite of this sweep
             continue
         found = plan(node, graph, node_ids)
+        if found.ok and id(node) in guarded:
+            found = MatchResult(reason=FEEDS_QUANTIZER)
         if not found.ok:
             run.skip(node, found)
             continue

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.passes.fuse.fold_common import split_constant
+from onnxslim_kit.passes.fuse.fold_common import FEEDS_QUANTIZER, feeds_quantizer, split_constant
 from onnxslim_kit.passes._common.graph import attr, const_value, is_onnx_op, only_consumer, producer
 
 LABEL = "hard-swish / hard-sigmoid chain → HardSwish / HardSigmoid"
@@ -84,12 +84,16 @@ def _match(clip, graph, opset: int):
 
 def rewrite_hardswish(graph: gs.Graph, run) -> int:
     model = run.model
+    guarded = feeds_quantizer(graph)  # not bit-exact: kept away from quantizer inputs (fold_common)
     count = 0
     for clip in [n for n in graph.nodes if n.op == "Clip"]:
         found = _match(clip, graph, model.opset)
         if found is None:
             continue
         x, y, old, times_x = found
+        if any(id(node) in guarded for node in old):
+            run.skip_once(clip, FEEDS_QUANTIZER)
+            continue
         for node in old:
             node.inputs.clear()
             node.outputs.clear()

@@ -7,11 +7,18 @@
    reshaped tensor itself — ``Shape(x)``, ``Slice(Shape(x))``, ``Gather(Shape(x))``,
    ``Unsqueeze(Gather(Shape(x), i))`` — each copied dim landing at its own index, becomes a
    constant with ``0`` there: Reshape's "copy this dim", so only when ``allowzero`` is 0.
+   A dim may also pass through ``Cast(Cast(d, to=T), to=INT64)`` (a torch export of
+   ``x.view(int(x.size(0)), …)``): with T = int64 / float64 the round trip is exact for every
+   dim a tensor can have (below 2^53); with T = int32 / float32 only below 2^31 / 2^24, so then
+   the target must hold no ``-1``: a changed dim would change the target's element count and
+   the original Reshape would fail (for tensors with elements; an empty tensor with a dim over
+   2^24 is the one case where the original would have produced another, empty, shape).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes._common.graph import as_array, is_onnx_op
@@ -156,7 +163,11 @@ def _unsqueezed_dims(node, data, rank, opset):
     inner = _own_dims(node.inputs[0], data, rank, opset)
     if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] not in ([0], [-1]) or inner is None:
         return None
-    return _Dims(inner) if len(inner) == 1 and inner.scalar else None
+    if len(inner) != 1 or not inner.scalar:
+        return None
+    found = _Dims(inner)
+    found.inexact = inner.inexact
+    return found
 
 
 def _shape_own_dims(node, data, rank, opset):
@@ -188,7 +199,33 @@ def _picked_own_dims(node, data, rank, opset):
     return picked
 
 
+_EXACT_CASTS = {onnx.TensorProto.INT64: None, onnx.TensorProto.DOUBLE: None,
+                onnx.TensorProto.INT32: 2**31 - 1, onnx.TensorProto.FLOAT: 2**24}
+"""Types a dim may pass through and back to int64: None = every dim a tensor can have (below
+2^53), else the largest int the type holds exactly."""
+
+
+def _cast_back_dims(node, data, rank, opset):
+    """``Cast(Cast(dims, to=T), to=INT64)`` with ``dims`` own dims of ``data`` (T in
+    :data:`_EXACT_CASTS`): the same dims, marked ``inexact`` when T is narrower than int64."""
+    inner = _producer(node.inputs[0])
+    if int(node.attrs.get("to", 0)) != onnx.TensorProto.INT64 or inner is None or not inner.outputs:
+        return None
+    if not is_onnx_op(inner, "Cast") or len(inner.outputs[0].outputs) != 1:
+        return None
+    to = int(inner.attrs.get("to", 0))
+    if to not in _EXACT_CASTS:
+        return None
+    dims = _own_dims(inner.inputs[0], data, rank, opset)
+    if dims is None:
+        return None
+    found = _Dims(dims)
+    found.scalar, found.inexact = dims.scalar, dims.inexact or _EXACT_CASTS[to] is not None
+    return found
+
+
 _OWN_DIMS_RULES = (
+    (("Cast",), _cast_back_dims),
     (("Unsqueeze",), _unsqueezed_dims),
     (("Shape",), _shape_own_dims),
     (("Gather", "Slice"), _picked_own_dims),
@@ -199,6 +236,25 @@ class _Dims(list):
     """Dim indices; ``scalar`` when they come as a 0-d tensor (Gather with a scalar index)."""
 
     scalar = False
+    inexact = False  # passed through an int32 / float32 Cast: exact only below 2^31 / 2^24
+
+
+def _target_values(parts: list, data, rank, opset) -> list | None:
+    """The constant target (own dims as 0) the parts of a Reshape target amount to, or None."""
+    values, inexact = [], False
+    for part in parts:
+        constant = _const_ints(part)
+        if constant is not None:
+            values.extend(int(v) for v in constant.reshape(-1))
+            continue
+        dims = _own_dims(part, data, rank, opset)
+        if dims is None or dims.scalar or any(d != len(values) + k for k, d in enumerate(dims)):
+            return None
+        values.extend([0] * len(dims))
+        inexact = inexact or dims.inexact
+    if inexact and -1 in values:
+        return None  # a -1 could absorb a dim the narrow Cast changed: keep the original target
+    return values
 
 
 def constant_reshape_targets(graph, run: RuleRun) -> int:
@@ -219,17 +275,7 @@ def constant_reshape_targets(graph, run: RuleRun) -> int:
             parts = list(concat.inputs)
         else:
             parts = [target]
-        values = []
-        for part in parts:
-            constant = _const_ints(part)
-            if constant is not None:
-                values.extend(int(v) for v in constant.reshape(-1))
-                continue
-            dims = _own_dims(part, data, rank, opset)
-            if dims is None or dims.scalar or any(d != len(values) + k for k, d in enumerate(dims)):
-                values = None
-                break
-            values.extend([0] * len(dims))
+        values = _target_values(parts, data, rank, opset)
         if values is None or (concat is None and not values) or not any(v == 0 for v in values):
             continue
         node.inputs[1] = gs.Constant(model.fresh_name("fuse/reshape_shape"), np.array(values, dtype=np.int64))

@@ -13,7 +13,13 @@ fidelity target and per-layer fallback: :mod:`onnxslim_kit.passes.int8.fallback`
 
 Steps:
 
-1. models that already hold Q/DQ or integer ops pass through untouched (counted reason);
+1. models that already hold Q/DQ or integer ops (a QAT export, quantize_static / quantize_dynamic
+   output, QLinearConv, com.microsoft ops such as DynamicQuantizeLSTM or MatMulNBits;
+   :func:`onnxslim_kit.passes._quant.qdq.is_quantized_op`) pass through untouched, with the
+   counted reason and a note naming the ops found: the model was quantized on purpose, and so
+   were the layers it keeps float (QAT recipes keep the first / last layers float) — quantizing
+   those again with post-training ranges would undo that choice; start from the float model to
+   quantize it again;
 2. layers found (Conv / MatMul / Gemm / Gather tables of the main graph; layers inside
    If/Loop bodies are counted, not quantized), ``include`` / ``exclude`` (selectors,
    :mod:`onnxslim_kit.selection`, chosen among the layers; each must match a node) and the
@@ -85,8 +91,8 @@ from onnxslim_kit.passes._quant.qdq import (
     RUNGS,
     activation_params,
     add_gated_twins,
+    already_quantized,
     apply_plan,
-    is_quantized,
     rungs_of,
     upgrade_opset,
 )
@@ -194,8 +200,7 @@ class Int8Pass(Pass):
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
         opts = ctx.options
-        if any(is_quantized(g) for g in model.all_graphs()):
-            result.skip("already quantized (has Q/DQ or integer ops)")
+        if already_quantized(model, result):
             return result
         target = parse_target(opts["target"])  # checked by resolve() already (the option hooks)
         ladder = parse_ladder(opts["ladder"])

@@ -190,6 +190,9 @@ def _pass_value(cg, node, values, v):
     return _unary_value(node, v)
 
 
+_MERGING = frozenset(_BINARY) | {"Concat", "Sum", "Mean"}  # read several inputs, missing ones as unknown
+
+
 def channel_values(cg) -> dict:
     """Tensor name → per-channel constant value (NaN where not provably constant)."""
     values = {}
@@ -202,6 +205,8 @@ def channel_values(cg) -> dict:
         out = outs[0]
         if id(node) in sources:
             values[out.name] = _source_value(sources[id(node)])
+        elif node.op not in _MERGING and node.inputs[0].name not in values:
+            values[out.name] = np.full(cg.layouts[out.name].size, np.nan)  # input not traced: unknown
         elif id(node) in depthwise:
             values[out.name] = _depthwise_value(node, values[node.inputs[0].name])
         elif node.op == "Concat":

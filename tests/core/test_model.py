@@ -280,3 +280,4 @@ def test_verifier_checks_a_model_like_its_proto():
     by_model = verifier.check(model, lossless=True).to_dict()
     by_proto = verifier.check(model.to_proto(), lossless=True).to_dict()
     assert by_model == by_proto and by_model["status"] == "failed"
+

@@ -504,25 +504,31 @@ def test_dynamic_rung_adapts_to_each_input_range(tmp_path):
 
 def test_weights_rung_undoes_smoothing():
     # smoothed Q/K projections that fall back to int8 weights read the original input with the
-    # original weight (quantized): the smoothing Mul is gone, the weights match the originals
-    scale = np.ones(32, np.float32)
-    scale[[3, 17, 30]] = 50.0
-    wq, wk = w(32, 16), w(32, 16)
-    model = build("h = Mul (x, s)\nq = MatMul (h, wq)\nk = MatMul (h, wk)\ny = Add (q, k)", "float[8, 32] x",
-                  {"s": scale, "wq": wq, "wk": wk})
-    out, rep = quantize(model, "target=cos:0.9999,ladder=weights")
-    assert rep.rewrites["smoothed activation"] == 1 and rep.metrics["layers_weights"] >= 1
-    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
-    made_by = {o: n for n in out.graph.node for o in n.output}
-    weight_only = [n for n in out.graph.node if n.op_type == "MatMul" and made_by[n.input[1]].op_type == "Mul"]
-    assert len(weight_only) == rep.metrics["layers_weights"]
-    for node in weight_only:
-        assert node.input[0] == "h"  # the unsmoothed input
-        mul = made_by[node.input[1]]
-        got = inits[made_by[mul.input[0]].input[0]].astype(np.float32) * inits[mul.input[1]]
-        assert min(np.abs(got - ref).max() for ref in (wq, wk)) <= np.abs(wq).max() / 127  # the original weight
-    if rep.metrics["layers_weights"] == 2:  # the smoothing Mul lost its readers
-        assert ops(out)["Mul"] == 1 + 2
+    # original weight (quantized): the smoothing Mul is gone, the weights match the originals.
+    # Whether the target needs the weights rung depends on the draw (seed 2: static int8 holds
+    # it), so six draws with their own streams, and at least four take the rung.
+    taken = 0
+    for seed in range(6):
+        model, _ = _smoothing_case(seed)
+        inits_in = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        wq, wk = inits_in["wq"], inits_in["wk"]
+        out, rep = quantize(model, "target=cos:0.9999,ladder=weights")
+        assert rep.rewrites["smoothed activation"] == 1
+        if not rep.metrics["layers_weights"]:
+            continue
+        taken += 1
+        inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+        made_by = {o: n for n in out.graph.node for o in n.output}
+        weight_only = [n for n in out.graph.node if n.op_type == "MatMul" and made_by[n.input[1]].op_type == "Mul"]
+        assert len(weight_only) == rep.metrics["layers_weights"]
+        for node in weight_only:
+            assert node.input[0] == "h"  # the unsmoothed input
+            mul = made_by[node.input[1]]
+            got = inits[made_by[mul.input[0]].input[0]].astype(np.float32) * inits[mul.input[1]]
+            assert min(np.abs(got - ref).max() for ref in (wq, wk)) <= np.abs(wq).max() / 127  # the original weight
+        if rep.metrics["layers_weights"] == 2:  # the smoothing Mul lost its readers
+            assert ops(out)["Mul"] == 1 + 2
+    assert taken >= 4
 
 
 def test_scorer_stops_at_the_first_sample_that_proves_failure():
