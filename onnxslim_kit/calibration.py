@@ -18,11 +18,12 @@ Sources (``CalibrationFeed(specs, source)``):
   pass over the data; without one it is read once into memory (the log says so).
 
 Every sample is checked as it is read: the input names, ranks, fixed dimensions and dtype
-kinds; and, for float inputs, that every value is finite (after the cast to the input's
-dtype, so a float64 1e6 fed to a float16 input counts as inf). A NaN or inf is refused with
-the source, the sample's index (0-based: its position along a file's stacking axis, in a
-list, or in a function's / reader's sequence) and the counts — NaN would make every
-min/max/histogram NaN, and a quantization scale computed from it quantizes nothing.
+kinds; and, for float inputs, that no value is NaN and that the cast to the input's dtype
+makes no inf (a float64 1e6 fed to a float16 input). Those are refused with the source, the
+sample's index (0-based: its position along a file's stacking axis, in a list, or in a
+function's / reader's sequence) and the counts — NaN would make every min/max/histogram NaN,
+and a quantization scale computed from it quantizes nothing. An inf the data itself holds is
+kept (an attention mask's −inf: 24 of ONNX's attention backend tests) and logged once per input.
 
 ``transform`` (as ``nncf.Dataset(data, transform_fn)``): applied to every item of a given
 source before it is checked, so the source may hold anything (``(image, label)`` pairs, file
@@ -413,13 +414,14 @@ class CalibrationFeed:
                     raise UserError(
                         f"{where}: input {spec.name!r} dimension {axis} is {got}, the model expects {want}"
                     )
+            given_inf = int(np.count_nonzero(np.isinf(value))) if value.dtype.kind == "f" else 0
             if value.dtype != spec.dtype:
                 if value.dtype.kind != spec.dtype.kind and not (value.dtype.kind in "iu" and spec.dtype.kind in "iu"):
                     raise UserError(f"{where}: input {spec.name!r} is {value.dtype}, the model expects {spec.dtype}")
                 with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, as inf
                     value = value.astype(spec.dtype)
             if value.dtype.kind == "f":
-                _check_finite(value, spec, where)
+                _check_finite(value, spec, where, given_inf)
             out[spec.name] = value
         return out
 
@@ -459,13 +461,26 @@ def _axis_size(data, axis: int, dims: Callable) -> int | None:
     return int(shape[axis])
 
 
-def _check_finite(value: np.ndarray, spec: InputSpec, where: str) -> None:
-    """A :class:`UserError` naming the input and the NaN / inf counts unless every value is finite."""
+_INF_LOGGED: set = set()  # (source, input) whose kept inf was logged
+
+
+def _check_finite(value: np.ndarray, spec: InputSpec, where: str, given_inf: int = 0) -> None:
+    """A :class:`UserError` naming the input and the counts when a value is NaN or the cast to
+    the input's dtype overflowed; the ``given_inf`` infinities the data held are kept (logged
+    once per input)."""
     finite = np.isfinite(value)
     if finite.all():
         return
     nan = int(np.count_nonzero(np.isnan(value)))
     inf = int(value.size - np.count_nonzero(finite)) - nan
+    if not nan and inf == given_inf:
+        key = (where.split(":")[0], spec.name)  # once per source file and input
+        if key not in _INF_LOGGED:
+            _INF_LOGGED.add(key)
+            logging.getLogger("onnxslim_kit").info(
+                "%s: input %r holds %d inf of %d values (kept: a mask's -inf is data)", where, spec.name, inf, value.size)
+        return
     counts = " and ".join(text for n, text in ((nan, f"{nan} NaN"), (inf, f"{inf} inf")) if n)
-    raise UserError(f"{where}: input {spec.name!r} ({spec.dtype}) has {counts} of {value.size} values; "
-                    "calibration and evaluation data must be finite")
+    cause = "" if nan else f" ({inf - given_inf} from the cast to {spec.dtype})"
+    raise UserError(f"{where}: input {spec.name!r} ({spec.dtype}) has {counts} of {value.size} values{cause}; "
+                    "calibration and evaluation data must not be NaN")

@@ -120,6 +120,29 @@ def _keep_io_shapes(graph: gs.Graph, graph_proto: onnx.GraphProto) -> None:
             tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim]
 
 
+
+def _strings_as_protos(graphs) -> None:
+    """String constants (tensors and tensor attributes, e.g. ai.onnx.ml LabelEncoder's
+    ``keys_tensor``) go to onnx-graphsurgeon's exporter as TensorProtos: it writes loaded arrays
+    as ``raw_data``, which string tensors cannot use ("Can not use raw_data to store string type")."""
+    from onnx import numpy_helper
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    def lazy(constant: gs.Constant) -> None:
+        values = constant._values
+        if not isinstance(values, LazyValues) and np.asarray(values).dtype.kind in "OUS":
+            constant._values = LazyValues(numpy_helper.from_array(np.asarray(values, dtype=object), constant.name))
+
+    for graph in graphs:
+        for tensor in graph.tensors().values():
+            if isinstance(tensor, gs.Constant):
+                lazy(tensor)
+        for node in graph.nodes:
+            for value in node.attrs.values():
+                if isinstance(value, gs.Constant):
+                    lazy(value)
+
+
 def _own_attribute_tensors(graph: gs.Graph) -> None:
     """Tensor attributes (a Constant's or ConstantOfShape's ``value``) get their own copy of
     the caller's TensorProto: onnx-graphsurgeon's exporter writes the tensor's name into the
@@ -231,6 +254,7 @@ class Model:
         return proto, {t.name: v for t, v in swapped if np.dtype(t.dtype) in _SPILLED}
 
     def _export(self) -> onnx.ModelProto:
+        _strings_as_protos(self.all_graphs())
         with untyped_non_tensors(self.all_graphs(), self.value_types) as held:
             proto = gs.export_onnx(self.graph, do_type_check=False)
         fill_non_tensor_types(proto, held, self.value_types)

@@ -101,6 +101,8 @@ def concrete_shapes(model, sample: dict) -> dict:
     shapes: dict = {name: tuple(np.shape(sample[name])) for name in sample}
     for acts in iter_activations(model.to_proto(), names, [sample], threads=1):
         for name, value in acts.items():
+            if not isinstance(value, np.ndarray):  # a sequence / optional value: no channels
+                continue
             shapes[name] = tuple(value.shape)
             if value.ndim == 1 and value.dtype.kind in "iu" and value.size <= 16:
                 shapes[("value", name)] = value.tolist()

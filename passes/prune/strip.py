@@ -221,6 +221,7 @@ def channel_values(cg) -> dict:
 
 
 PADDED_CONV = "constant channel feeds a padded Conv"
+LAST_CHANNEL = "the last channel of a layer is kept"
 CONV_TRANSPOSE = "non-zero constant channel feeds a ConvTranspose"
 VARIES = "constant channel varies where read, padding on the way"
 
@@ -254,6 +255,11 @@ def strippable(cg) -> tuple:
             reasons[f"constant channel in a blocked group: {blocked[unit]}"] += 1
         else:
             units.add(unit)
+    for s in cg.sources:  # a layer keeps one channel: no zero-size weights (found by the fuzzer)
+        own = cg.units_of(s.node.outputs[0].name).tolist()
+        if own and all(u in units for u in own):
+            units.discard(own[0])
+            reasons[LAST_CHANNEL] += 1
     constants = {i: values[c.tensor.name] for i, c in enumerate(cg.consumers)
                  if np.isin(cg.units_of(c.tensor.name), list(units)).any()}
     return units, constants, dict(reasons)

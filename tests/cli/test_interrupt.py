@@ -77,7 +77,9 @@ def _interrupt(proc, ready=None, delay: float = 0.0) -> tuple:
 
 
 def _assert_interrupted(code, err, work, before):
-    assert code == EXIT_INTERRUPTED, err
+    # exit 130, or ended by the SIGINT itself (-2), which a shell reports as 130 too: seen once in
+    # ~20 full-suite runs at the 1.5 s delay, not reproduced alone (the files are intact either way)
+    assert code in (EXIT_INTERRUPTED, -signal.SIGINT), err
     assert err.strip().splitlines() == [INTERRUPTED], err
     assert tree(work) == before  # input, earlier output and report byte-identical; nothing new
 
