@@ -37,6 +37,7 @@ import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
 
 from .atomic import StagedFiles, interrupts_held
+from .protos import proto_graphs  # noqa: F401 - re-exported: passes and the report walk bodies with it
 from .errors import UserError
 from .scopes import share_subgraph_constants
 from .upgrade import pop_note, upgrade
@@ -130,8 +131,8 @@ def _strings_as_protos(graphs) -> None:
 
     def lazy(constant: gs.Constant) -> None:
         values = constant._values
-        if not isinstance(values, LazyValues) and np.asarray(values).dtype.kind in "OUS":
-            constant._values = LazyValues(numpy_helper.from_array(np.asarray(values, dtype=object), constant.name))
+        if isinstance(values, np.ndarray) and values.dtype.kind in "OUS":  # loaded: lazy ones stay as they are
+            constant._values = LazyValues(numpy_helper.from_array(values.astype(object), constant.name))
 
     for graph in graphs:
         for tensor in graph.tensors().values():
@@ -339,15 +340,6 @@ def source_names_kept(graphs):
 _SPILLED = {d for d in NUMPY_DTYPES.values() if d not in (np.dtype(np.int64), np.dtype(np.int32))}
 
 
-def proto_graphs(graph: onnx.GraphProto):
-    """``graph`` and every graph inside its nodes' attributes (If/Loop/Scan bodies), outermost first."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                yield from proto_graphs(sub)
-
-
 def drop_new_value_info(proto: onnx.ModelProto, keep: frozenset) -> int:
     """Remove, in place, the value_info of every tensor the input model did not annotate
     (names not in ``keep``); returns the count. onnx-graphsurgeon exports a value_info for
@@ -513,6 +505,22 @@ def stage_file(path, staged: StagedFiles, write) -> None:
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
     staged.add(tmpdir / path.name, path)
+
+
+def write_staged(writers: dict) -> None:
+    """``{path: write(temporary_path)}`` (None paths skipped) made beside their destinations and
+    renamed into place together (:mod:`onnxslim_kit.atomic`): an error or a Ctrl-C writes none."""
+    staged = StagedFiles()
+    try:
+        for path, write in writers.items():
+            if path:
+                stage_file(path, staged, write)
+        staged.commit()
+    except OSError as exc:
+        raise UserError(f"cannot write {', '.join(str(p) for p in writers if p)}: {exc.strerror or exc}") from None
+    finally:
+        with interrupts_held():
+            staged.discard()
 
 
 def _staging_folder(path: Path, staged: StagedFiles) -> Path:

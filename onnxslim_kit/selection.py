@@ -60,6 +60,10 @@ GLOBAL_REASON = "excluded (--exclude)"
 _HELP = "use NAME, re:REGEX, op:TYPE, first:TYPE:N, last:TYPE:N or all, separated by ';'"
 
 
+
+SYNTAX = "NAME;re:REGEX;op:TYPE;first:TYPE:N;last:TYPE:N;all"
+"""The selector syntax in one line, for option help texts (``--list-passes``)."""
+
 @dataclass(frozen=True)
 class Term:
     """One term: ``kind`` in :data:`KINDS`, ``value`` the name / regex / op type, ``count`` for first/last."""

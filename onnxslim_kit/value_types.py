@@ -25,20 +25,14 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                yield from _graphs(sub)
+from .protos import proto_graphs
 
 
 def non_tensor_types(proto: onnx.ModelProto) -> dict:
     """name -> TypeProto of every graph input, output and value_info (every graph) whose type
     is not a plain tensor."""
     types = {}
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         for value in (*graph.input, *graph.output, *graph.value_info):
             if value.type.WhichOneof("value") not in (None, "tensor_type"):
                 types[value.name] = value.type
@@ -73,7 +67,7 @@ def fill_non_tensor_types(proto: onnx.ModelProto, held: list, types: dict) -> No
             wanted[tensor.name] = found
     if not wanted:
         return
-    for graph in _graphs(proto.graph):
+    for graph in proto_graphs(proto.graph):
         listed = set()
         for value in (*graph.input, *graph.output, *graph.value_info):
             listed.add(value.name)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
-from onnxslim_kit.selection import Selector
+from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes._common.graph import attr, const_value, is_onnx_op
 from onnxslim_kit.passes._quant.dynamic import dynamic_matmul, integer_op, rescale
@@ -47,8 +47,7 @@ class DynamicPass(Pass):
         "per_channel": Option(bool, True, "per-output-column weight scales"),
         "conv": Option(bool, False, "also Conv via ConvInteger (slow on ORT's CPU provider)"),
         "min_weights": Option(int, 1024, "leave weights with fewer elements float"),
-        "exclude": Option(str, "", "leave these nodes float (a selector: NAME;re:REGEX;op:TYPE;first:TYPE:N;"
-                          "last:TYPE:N;all); the global --exclude too", parse=Selector.parse),
+        "exclude": Option(str, "", f"leave these nodes float (a selector: {SYNTAX}); the global --exclude too", parse=Selector.parse),
     }
     TARGETS = ("MatMul", "Gemm", "Conv")
 

@@ -135,19 +135,8 @@ def main(argv: list) -> int:
 
 
 def _write_files(texts: dict) -> None:
-    """``{path: text}`` (paths None skipped) written together, atomically (:mod:`onnxslim_kit.atomic`):
-    a Ctrl-C or an error writes none of them."""
-    from ..atomic import StagedFiles, interrupts_held
-    from ..model import stage_file
+    """``{path: text}`` (paths None skipped) written together, atomically: a Ctrl-C or an error
+    writes none of them."""
+    from ..model import write_staged
 
-    staged = StagedFiles()
-    try:
-        for path, text in texts.items():
-            if path:
-                stage_file(path, staged, lambda tmp, text=text: tmp.write_text(text))
-        staged.commit()
-    except OSError as exc:
-        raise UserError(f"cannot write {', '.join(p for p in texts if p)}: {exc.strerror or exc}") from None
-    finally:
-        with interrupts_held():
-            staged.discard()
+    write_staged({path: (lambda tmp, text=text: tmp.write_text(text)) for path, text in texts.items()})

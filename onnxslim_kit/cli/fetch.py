@@ -42,17 +42,7 @@ def main(argv: list) -> int:
 
 
 def _copy(source: Path, target: Path) -> None:
-    """``source`` copied to ``target`` atomically (:mod:`onnxslim_kit.atomic`): a Ctrl-C or an
-    error leaves no partial file."""
-    from ..atomic import StagedFiles, interrupts_held
-    from ..model import stage_file
+    """``source`` copied to ``target`` atomically: a Ctrl-C or an error leaves no partial file."""
+    from ..model import write_staged
 
-    staged = StagedFiles()
-    try:
-        stage_file(target, staged, lambda tmp: shutil.copyfile(source, tmp))
-        staged.commit()
-    except OSError as exc:
-        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
-    finally:
-        with interrupts_held():
-            staged.discard()
+    write_staged({target: lambda tmp: shutil.copyfile(source, tmp)})

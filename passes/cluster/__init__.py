@@ -90,7 +90,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
-from onnxslim_kit.selection import Selector
+from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes.cluster import stream
 from onnxslim_kit.passes.cluster.maths.encode import Clustered, snap_to_int8_grid
@@ -207,8 +207,7 @@ class ClusterPass(Pass):
         "encode": Option(str, "packed", "packed: codebook + indices; dense: decoded float weights "
                                         "(for a following int8)", ("packed", "dense")),
         "grid": Option(str, "none", "encode=dense: snap to int8's symmetric grid", ("none", "tensor", "channel")),
-        "exclude": Option(str, "", "nodes whose weights stay float (a selector: NAME;re:REGEX;op:TYPE;"
-                                   "first:TYPE:N;last:TYPE:N;all); the global --exclude too", parse=Selector.parse),
+        "exclude": Option(str, "", f"nodes whose weights stay float (a selector: {SYNTAX}); the global --exclude too", parse=Selector.parse),
     }
 
     def run(self, model, ctx) -> PassResult:

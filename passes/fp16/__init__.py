@@ -50,7 +50,7 @@ from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.model import Model, model_size_bytes
 from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
-from onnxslim_kit.selection import Selector
+from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes.fp16.bodies import store_body_weights_fp16
 from onnxslim_kit.passes.fp16.plan import build_plan
@@ -102,8 +102,7 @@ class Fp16Pass(Pass):
     lossless = False
     options = {
         "keep_io": Option(bool, True, "keep the model's inputs and outputs float32"),
-        "exclude": Option(str, "", "nodes kept float32 (a selector: NAME;re:REGEX;op:TYPE;first:TYPE:N;"
-                                   "last:TYPE:N;all); the global --exclude too", parse=Selector.parse),
+        "exclude": Option(str, "", f"nodes kept float32 (a selector: {SYNTAX}); the global --exclude too", parse=Selector.parse),
         "default_block": Option(bool, True, "apply the default block list of ops unsafe in float16"),
         "target": Option(str, "cos:0.999", "drift target vs the original: cos:X, rel:X or none",
                          parse=_check_target),

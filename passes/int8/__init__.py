@@ -67,7 +67,7 @@ import numpy as np
 
 from onnxslim_kit.model import Model
 from onnxslim_kit.api import Option, Pass, PassResult, register_pass
-from onnxslim_kit.selection import Selector
+from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes._quant.maths import calib
 from onnxslim_kit.passes.int8 import plan as plan_mod
@@ -182,8 +182,7 @@ class Int8Pass(Pass):
                               "the model float when int8 is not faster (the output then depends on "
                               "timing: off by default so runs are deterministic)"),
         "speed_margin": Option(float, 0.9, "speed_check: keep int8 only when its latency ≤ this × float's"),
-        "include": Option(str, "", "only these layers (a selector: NAME;re:REGEX;op:TYPE;first:TYPE:N;last:TYPE:N;"
-                          "all, first/last counting layers)", parse=Selector.parse),
+        "include": Option(str, "", f"only these layers (a selector: {SYNTAX}, first/last counting layers)", parse=Selector.parse),
         "exclude": Option(str, "", "keep these layers float (a selector, as include; e.g. last:Conv:1, all); "
                           "the global --exclude too", parse=Selector.parse),
         "max_range": Option(float, 1e4, "keep tensors with calibrated |x| above this float (0: off)"),

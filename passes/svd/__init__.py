@@ -74,7 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
-from onnxslim_kit.selection import Selector
+from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes._common.blas import blas_threads
 from onnxslim_kit.passes._common.layer_stats import collect, match_layer
@@ -117,8 +117,7 @@ class SvdPass(Pass):
         "data": Option(str, "auto", "whiten with calibration statistics", ("auto", "true", "false")),
         "force": Option(bool, False, "factorise even when it does not pay off (tests, experiments)"),
         "measure": Option(bool, True, "time small layers in ORT and skip those that get slower"),
-        "include": Option(str, DEFAULT_INCLUDE, "only these layers (a selector: NAME;re:REGEX;op:TYPE;first:TYPE:N;"
-                                               "last:TYPE:N;all)",
+        "include": Option(str, DEFAULT_INCLUDE, f"only these layers (a selector: {SYNTAX})",
                           parse=Selector.parse),
         "exclude": Option(str, "", "layers left as they are (a selector, as include); the global --exclude too", parse=Selector.parse),
         "alloc": Option(str, "auto", "rank allocation: spectrum (per-layer loss from the whitened spectrum × "

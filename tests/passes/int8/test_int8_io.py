@@ -66,8 +66,7 @@ def test_bench_times_integer_io_model_with_its_integers(tmp_path):
     report = bench.benchmark([model, out], samples, names=["float", "uint8"], runs=3, warmup=1, memory=True)
     float_row, int_row = report.rows
     assert int_row["error"] is None and int_row["latency_ms"]["median"] > 0
-    # integers fed as floats would give cosine ≈ 0; 0.98, not 0.99: bench runs ORT's optimized
-    # graph, whose QLinearConv saturates on x86 without VNNI (0.988 measured on AVX2,
-    # benchmarks/results/int8-saturation-2026-12-02.md)
-    assert int_row["drift"]["y"]["cosine"] > 0.98
+    # bench runs ORT's optimized graph, whose QLinearConv saturates on x86 without VNNI: this draw
+    # measures 0.9975 on AVX2, others 0.983–0.994 (benchmarks/results/int8-saturation-2026-12-02.md)
+    assert int_row["drift"]["y"]["cosine"] > 0.99
     assert "child failed" not in int_row["memory_method"]
