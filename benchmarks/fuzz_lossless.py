@@ -68,10 +68,10 @@ class Tally:
             self.runs[passes] += 1
             findings = check_lossless(model, passes, reference, self.rewrites)
             self.failed_graphs[passes] += bool(findings)
-            for kind in sorted({k for k, _ in findings}):
-                kind = f"{kind} [{dtype}]"
+            for base in sorted({k for k, _ in findings}):
+                kind = f"{base} [{dtype}]"
                 self.kinds[(passes, kind)] += 1
-                self.keep(kind, model, passes, "; ".join(m for k, m in findings if k == kind))
+                self.keep(kind, model, passes, "; ".join(m for k, m in findings if k == base))
         if self.graphs % 250 == 0:
             self.write()
 

@@ -115,6 +115,8 @@ def optimize(
     transform=None,
     verify_samples: int = 4,
     eval_data=None,
+    target=None,
+    metric=None,
     progress=None,
     log=None,
 ) -> tuple:
@@ -133,6 +135,12 @@ def optimize(
     with the same values.
     ``atol``: ``{"output": 1e-3}`` — those outputs are judged lossless by max abs error ≤ atol
     instead of the relative rule (``rtol``).
+    ``target``: the fidelity the whole pipeline holds (``"cos:0.99"``, the default; ``"top1:0.99"``,
+    ``"rel:1e-3"``, ``"none"``), judged per output view (:mod:`.fidelity`) on samples the passes
+    did not fit: without ``eval_data`` one calibration sample in four is held out.
+    ``metric``: a function ``(reference, candidate) -> score`` of two lists of output dicts (one
+    per judged sample; 1.0 = as the original) or a ``"module:function"`` text: it binds the
+    target instead of the built-in views (target ``metric:V``, default ``metric:0.99``).
     ``exclude``: a selector text (``"op:Softmax; re:^head/"``) or a list of them: nodes every
     lossy pass leaves as they are; it must select a node of the input model.
     ``log``: a callable for the progress lines; by default they go to the
@@ -143,7 +151,7 @@ def optimize(
 
     from .calibration import CalibrationFeed, input_specs
     from .errors import UserError
-    from .model import load_proto
+    from .model import checked_proto, load_proto
     from .pipeline import run_pipeline
     from .recipe import describe_source, tool_versions
     from .specialize import fix_inputs
@@ -153,7 +161,7 @@ def optimize(
         proto = load_proto(model, lazy=True)  # weights in external data stay on disk
     elif isinstance(model, onnx.ModelProto):
         input_path = None
-        proto = model
+        proto = checked_proto(model, "the model")  # an old opset upgraded (a copy), as a file's is
     else:
         raise UserError(f"optimize() takes a path or an onnx.ModelProto, not {type(model).__name__}")
     input_hash = _input_hash(model, proto)
@@ -165,7 +173,8 @@ def optimize(
         fixed_notes = fix_inputs(proto, fixed_texts)
     specs = input_specs(proto)
     feed = CalibrationFeed(specs, calib, input_shapes, num_samples=num_samples, seed=seed, transform=transform)
-    eval_feed = CalibrationFeed(specs, eval_data, input_shapes, transform=transform) if eval_data is not None else None
+    eval_feed = (CalibrationFeed(specs, eval_data, input_shapes, transform=transform, role="evaluation")
+                 if eval_data is not None else None)
     kwargs = {}
     if progress is not None:
         kwargs["progress"] = progress
@@ -173,7 +182,8 @@ def optimize(
         kwargs["log"] = log
     result, report = run_pipeline(
         proto, _specs(passes), feed, verify=verify, strict=strict, rtol=rtol, atol=atol, exclude=exclude,
-        seed=seed, verify_samples=verify_samples, eval_feed=eval_feed, **kwargs,
+        seed=seed, verify_samples=verify_samples, eval_feed=eval_feed, target=target, metric=metric,
+        **kwargs,
     )
     report.input_path = input_path
     report.input_sha256 = input_hash

@@ -31,8 +31,10 @@ def iter_activations(
 ) -> Iterator[dict]:
     """For each sample, ``{name: array}`` of the requested tensors (graph outputs included)."""
     # the outputs are added to the session's skeleton proto: no copy of the model's weights
-    # no arena (it would keep the largest run's intermediates for the session's life)
-    session = make_session(proto, opt_level=opt_level, threads=threads, extra_outputs=names, arena=False)
+    # no arena (it would keep the largest run's intermediates for the session's life), no
+    # packed weight copies (a calibration session: see runtime's module docstring)
+    session = make_session(proto, opt_level=opt_level, threads=threads, extra_outputs=names, arena=False,
+                           prepack=False)
     wanted = set(names)
     for sample in samples:
         # no local keeps this sample's tensors: a consumer that drops (or clears) the dict it

@@ -10,7 +10,9 @@ Pass machinery (:mod:`.pass_base`, :mod:`.registry`): ``Pass``, ``Option``, ``Pa
 (a bad option or input: one line, exit 2). Selection (:mod:`.selection`): ``Selector``,
 ``exclusions`` (a pass's ``exclude=`` and the global ``--exclude``: node id → skip reason).
 Data and measurement: ``CalibrationFeed``, ``iter_activations``, ``compare``, ``merge``,
-``cosine``, ``make_session``, ``run``. See ``docs/adding-a-pass.md``.
+``cosine``, ``make_session``, ``run``. Fidelity (:mod:`.fidelity`): ``Target``, ``Fidelity``,
+``pass_fidelity`` (``ctx.fidelity`` or one built for a pass run on its own), ``check_target``
+(the parse hook of a pass's ``target=`` option). See ``docs/adding-a-pass.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from .activations import iter_activations
 from .calibration import CalibrationFeed
 from .errors import UserError
+from .fidelity import Fidelity, Target, check_target, pass_fidelity
 from .metrics import compare, cosine, merge
 from .model import Model, model_size_bytes, proto_graphs
 from .pass_base import Option, Pass, PassContext, PassResult
@@ -26,7 +29,7 @@ from .runtime import make_session, run
 from .selection import Selector, exclusions
 
 __all__ = [
-    "CalibrationFeed", "Model", "Option", "Pass", "PassContext", "PassResult", "Selector", "UserError",
-    "available_passes", "compare", "cosine", "exclusions", "iter_activations", "make_session", "merge", "model_size_bytes",
-    "proto_graphs", "register_pass", "run",
+    "CalibrationFeed", "Fidelity", "Model", "Option", "Pass", "PassContext", "PassResult", "Selector", "Target",
+    "UserError", "available_passes", "check_target", "compare", "cosine", "exclusions", "iter_activations", "make_session", "merge", "model_size_bytes",
+    "pass_fidelity", "proto_graphs", "register_pass", "run",
 ]

@@ -195,7 +195,9 @@ class CalibrationFeed:
         num_samples: int = 8,
         seed: int = 0,
         transform: Callable | None = None,
+        role: str = "calibration",
     ):
+        self.role = role  # "calibration" or "evaluation": the word the error messages use
         self.specs = list(specs)
         self.input_shapes = dict(input_shapes or {})
         unknown = set(self.input_shapes) - {s.name for s in self.specs}
@@ -257,13 +259,13 @@ class CalibrationFeed:
             samples = [self._transformed(s, i) for i, s in enumerate(self._load_path(Path(source)))]
             return lambda: iter(samples)
         if isinstance(source, dict) and self.transform is None:
-            samples = self._split(source, "calibration dict")
+            samples = self._split(source, f"{self.role} dict")
             return lambda: iter(samples)
         try:
             items = iter(source)
         except TypeError:
             raise UserError(
-                f"calibration data: a {type(source).__name__} is not a source; give a path, a list of "
+                f"{self.role} data: a {type(source).__name__} is not a source; give a path, a list of "
                 "{input: array} dicts, a function returning them, or an object with get_next()"
             ) from None
         samples = [self._item(s, i) for i, s in enumerate(items)]
@@ -284,7 +286,7 @@ class CalibrationFeed:
                 return read()
             return again
         samples = list(read())
-        logger.info(f"calibration reader {type(reader).__name__} has no rewind(): "
+        logger.info(f"{self.role} reader {type(reader).__name__} has no rewind(): "
                     f"its {len(samples)} samples were read once into memory")
         return lambda: iter(samples)
 
@@ -292,9 +294,9 @@ class CalibrationFeed:
         if self.transform is not None:
             item = self.transform(item)
         if not isinstance(item, dict):
-            raise UserError(f"calibration sample: expected a dict of input name → array, got {type(item).__name__}"
+            raise UserError(f"{self.role} sample: expected a dict of input name → array, got {type(item).__name__}"
                             + ("" if self.transform is None else " from transform"))
-        return self._checked(item, "calibration sample" if index is None else f"calibration sample {index}")
+        return self._checked(item, f"{self.role} sample" if index is None else f"{self.role} sample {index}")
 
     def _transformed(self, sample: dict, index: int | None = None) -> dict:
         return sample if self.transform is None else self._item(sample, index)

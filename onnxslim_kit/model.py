@@ -76,6 +76,14 @@ def load_proto(path: str | os.PathLike, lazy: bool = False) -> onnx.ModelProto:
     return upgrade(proto, ai_onnx_opset(proto), path) if old else proto
 
 
+def checked_proto(proto: onnx.ModelProto, where: str = "model") -> onnx.ModelProto:
+    """An in-memory model checked as :func:`load_proto` checks a file: refused with a one-line
+    :class:`UserError` when this tool cannot read it, upgraded (a copy) when its opset is older
+    than :data:`MIN_OPSET`; otherwise ``proto`` itself."""
+    old = _check_is_model(proto, where)
+    return upgrade(proto, ai_onnx_opset(proto), where) if old else proto
+
+
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__

@@ -140,6 +140,8 @@ class PassContext:
     ``exclude``: the global ``--exclude`` selector (:class:`.selection.Selector`, empty by
     default); a lossy pass leaves the nodes it selects (``must_match=False``) as they are.
     ``seed``: the run's seed, for passes that draw random numbers.
+    ``fidelity``: for a lossy pass, what it must hold (:class:`.fidelity.Fidelity`: target,
+    its share of the budget, output views, held-out samples); None for a lossless pass.
     """
 
     options: dict
@@ -149,6 +151,7 @@ class PassContext:
     log: Callable[[str], None] = lambda _msg: None
     exclude: Any = field(default_factory=_empty_selector)
     seed: int = 0
+    fidelity: Any = None  # fidelity.Fidelity: the target share a lossy pass holds (None: lossless)
 
 
 class Pass(abc.ABC):

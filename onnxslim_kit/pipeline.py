@@ -187,7 +187,7 @@ def _runtime_refusal(exc: BaseException, snapshot: Model) -> str | None:
 
     try:
         proto, arrays = snapshot.session_proto()
-        make_session(proto, arena=False, arrays=arrays)
+        make_session(proto, arena=False, arrays=arrays, prepack=False)
     except Exception as load_error:  # noqa: BLE001 - ORT raises its own types
         text = str(load_error).strip().splitlines()[0] if str(load_error).strip() else type(load_error).__name__
         text = text.split("Fatal error: ", 1)[-1][:200]
@@ -235,40 +235,37 @@ def run_pipeline(
     seed: int = 0,
     verify_samples: int = 4,
     eval_feed=None,
+    target=None,
+    metric=None,
     progress: Callable[..., Iterable] = lambda it, **_: it,
     log: Callable[[str], None] = _log_info,
 ) -> tuple:
     """Run the passes in order on ``original``; return (optimised ModelProto, Report).
 
     ``atol``: ``{output: tolerance}`` — those outputs are judged lossless by max abs error ≤
-    tolerance instead of the relative rule. ``exclude``: see :func:`parse_exclude`."""
+    tolerance instead of the relative rule. ``exclude``: see :func:`parse_exclude`.
+    ``target``: the fidelity target of the whole pipeline (:mod:`.fidelity`; default
+    ``cos:0.99``); each lossy pass gets ``ctx.fidelity``, its share of the budget the passes
+    before it left, judged on held-out samples (:func:`.fidelity.split_feed`)."""
+    from .fidelity import DEFAULT, Target
+
+    target = Target.parse(("metric:0.99" if metric is not None else DEFAULT) if target is None else target)
+    metric = _user_metric(metric)
     resolved = resolve(specs)
     atol = _check_atol(atol or {}, original)
     selector = parse_exclude(exclude)
     if selector:
         selector.select(original.graph, where="--exclude", must_match=True)
     model = Model.from_proto(original)
-    report = Report(load_notes=list(model.load_notes))
-    report.pass_list = [{"name": instance.name, "options": dict(options)} for instance, options in resolved]
-    report.seed = seed
-    report.exclude = str(selector) if selector else None
-    report.atol = dict(atol)
-    report.rtol = rtol
-    held_out = eval_feed is not None
-    generated = feed if not held_out and getattr(feed, "generated", False) else None
-    verifier = (Verifier(original, (eval_feed if held_out else feed).take(verify_samples), rtol=rtol, atol=atol,
-                         feed=generated) if verify else None)
-    if verifier is not None and verifier.derived:  # the data ORT runs on, for the passes too
-        feed = verifier.feed
-        report.load_notes.append(verifier.derived)
-        log(verifier.derived)
-    report.verified_on = _verified_on(feed, held_out)
-    if verifier is not None:
-        report.original_check = verifier.original_check
+    report = Report(load_notes=list(model.load_notes), seed=seed, exclude=str(selector) if selector else None,
+                    atol=dict(atol), rtol=rtol,
+                    pass_list=[{"name": instance.name, "options": dict(options)} for instance, options in resolved])
+    feed, fidelity, verifier, lossy = _judging(original, resolved, feed, eval_feed, (target, metric), report, log,
+                                               verify=verify, verify_samples=verify_samples, rtol=rtol, atol=atol)
     good_stats = report.before = model_stats(original)
     big = good_stats["bytes"] >= COLLECT_MIN_BYTES
     final = original  # the proto returned: the original itself until a pass is accepted
-    done = []
+    done, used = [], 0.0  # used: the budget fraction the accepted lossy passes spent (measured)
     for index, (instance, options) in enumerate(resolved):
         lossless = instance.is_lossless(options)
         log(f"{instance.name}: running")
@@ -276,6 +273,9 @@ def run_pipeline(
         start = time.perf_counter()
         ctx = PassContext(options=options, feed=feed, original=original, progress=progress, log=log,
                           exclude=selector, seed=seed)
+        ctx.fidelity = None if lossless else _pass_fidelity(fidelity, instance.name, options, sum(
+            i >= index for i in lossy), used, log)
+        measured = None
         try:
             result = _run_pass(instance, model, ctx, done, snapshot)
         except _RuntimeRefusal as refusal:  # the model as it was; the reason counted, one warning
@@ -295,8 +295,10 @@ def run_pipeline(
             against = "the model before it" if lossless else "the original"
             log(f"{instance.name}: verifying against {against} with ONNX Runtime")
             # the model itself, not its proto: no whole-model copy beside the session
-            check = verifier.check(model, lossless=lossless)
+            check = verifier.check(model, lossless=lossless, fidelity=ctx.fidelity)
             entry.verification = check.to_dict()
+            if check.verdict is not None:
+                entry.fidelity, measured = _fidelity_entry(check.verdict, ctx.fidelity), check.verdict.used
             if check.status == "invalid" or (lossless and check.status == "failed"):
                 entry.rolled_back = True
                 model = snapshot
@@ -308,6 +310,8 @@ def run_pipeline(
                     )
                 continue
         # accepted: the weights the pass replaced (held by the snapshot) go before the export
+        if ctx.fidelity is not None and result.modified:
+            used = measured if measured is not None else ctx.fidelity.allowed  # unmeasured: all its share
         if verifier is not None:
             verifier.accept(lossless)
         snapshot = None
@@ -322,12 +326,90 @@ def run_pipeline(
         del candidate
         give_back()  # freed heap back before the next pass allocates
     report.after = good_stats
+    _check_target(report, strict)
     if final is None:
         final = model.to_proto()
         drop_new_value_info(final, model.source_value_info)
     model = snapshot = None  # the graph's arrays go before the caller saves the result
     release(big)
     return final, report
+
+
+def _judging(original, resolved: list, feed, eval_feed, target, report: Report, log, *, verify: bool,
+             verify_samples: int, rtol: float, atol: dict) -> tuple:
+    """The data the passes fit, what judges them and the verifier: ``(feed, fidelity, verifier,
+    indices of the lossy passes)``. With a lossy pass the feed is split (:func:`.fidelity.split_feed`)
+    and the verifier runs on the judged samples; without one it runs on ``verify_samples``."""
+    from .fidelity import Fidelity, split_feed
+
+    held_out = eval_feed is not None
+    generated = feed if not held_out and getattr(feed, "generated", False) else None
+    lossy = [i for i, (instance, options) in enumerate(resolved) if not instance.is_lossless(options)]
+    fidelity, verified_on = None, None
+    if lossy:  # the passes fit one part of the data and are judged on the other
+        feed, samples, verified_on, warning = split_feed(feed, eval_feed)
+        fidelity = Fidelity.build(original, target[0], samples, verified_on, metric=target[1])
+        if warning:
+            report.load_notes.append(warning)
+            logger.warning(warning)
+    else:
+        samples = (eval_feed if held_out else feed).take(verify_samples) if verify else []
+    report.target = str(target[0])
+    report.metric = target[1].name if target[1] is not None else None
+    report.views = [v.name for v in fidelity.views] if fidelity is not None else []
+    verifier = (Verifier(original, samples, rtol=rtol, atol=atol, feed=generated, fidelity=fidelity)
+                if verify else None)
+    if verifier is not None and verifier.derived:  # the data ORT runs on, for the passes too
+        feed = verifier.feed
+        report.load_notes.append(verifier.derived)
+        log(verifier.derived)
+    report.verified_on = verified_on or _verified_on(feed, held_out)
+    if verifier is not None:
+        report.original_check = verifier.original_check
+    return feed, fidelity, verifier, lossy
+
+
+def _user_metric(metric):
+    """None, a :class:`.fidelity.judge.UserMetric`, a callable or a ``module:function`` text."""
+    from .fidelity.judge import UserMetric, load_metric
+
+    if metric is None or isinstance(metric, UserMetric):
+        return metric
+    if isinstance(metric, str):
+        return load_metric(metric)
+    if not callable(metric):
+        raise UserError(f"metric= must be a function or 'module:function', not {type(metric).__name__}")
+    return UserMetric(metric)
+
+
+def _pass_fidelity(fidelity, name: str, options: dict, remaining: int, used: float, log):
+    """A lossy pass's ``ctx.fidelity``: its own ``target=`` or its share of what is left."""
+    if fidelity is None:
+        return None
+    mine = fidelity.for_pass(str(options.get("target") or ""), remaining, used)
+    log(f"{name}: {mine.describe()}")
+    return mine
+
+
+def _check_target(report: Report, strict: bool) -> None:
+    """Warn (under ``strict``: raise) when the last measured lossy pass left the pipeline's target missed."""
+    last = next((p.fidelity for p in reversed(report.passes) if p.fidelity and not p.rolled_back), None)
+    if last is None or last.get("pipeline_met") is not False:
+        return
+    message = f"the pipeline's target {report.target} is missed: {last['binding']}"
+    if strict:
+        raise VerificationError(message)
+    logger.warning(message)
+
+
+def _fidelity_entry(verdict, fidelity) -> dict:
+    """The report's fidelity of a lossy pass: its verdict, the share it was given, whether held."""
+    entry = verdict.to_dict()
+    allowed = fidelity.allowed if fidelity is not None else 1.0
+    entry.update(allowed=round(allowed, 6), met=verdict.met(allowed),
+                 pipeline_met=verdict.met(1.0) if fidelity is None or not fidelity.own_target else None,
+                 judged_on=fidelity.judged_on if fidelity is not None else "")
+    return entry
 
 
 # models of at least this many bytes get a full garbage collection between steps

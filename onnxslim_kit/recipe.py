@@ -148,6 +148,8 @@ def recipe_arguments(data: dict, *, model=None, calib=None, eval_data=None, wher
         "rtol": float(data.get("rtol", 1e-4)),
         "atol": dict(data.get("atol") or {}),
         "exclude": data.get("exclude") or None,
+        "target": data.get("target") or None,
+        "metric": data.get("metric") or None,
     }
     for key in ("input_shapes", "fixed_inputs", "num_samples", "verify_samples", "verify"):
         if settings.get(key) is not None:

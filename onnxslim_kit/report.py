@@ -51,6 +51,7 @@ class PassReport:
     after: dict = field(default_factory=dict)
     verification: dict | None = None
     rolled_back: bool = False
+    fidelity: dict | None = None  # lossy: views, the binding one, the budget used / allowed
 
     def finish(self, after: dict) -> "PassReport":
         self.after = after
@@ -78,6 +79,9 @@ class Report:
     atol: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)  # input shapes, fixed inputs, sample counts, verify
     sources: dict = field(default_factory=dict)  # calib / eval: what was given
+    target: str = "cos:0.99"  # the pipeline's fidelity target
+    metric: str | None = None  # the user metric binding it (module:function), if any
+    views: list = field(default_factory=list)  # the output views that judged the lossy passes
 
     @property
     def ok(self) -> bool:
@@ -141,7 +145,26 @@ def _verification_cell(entry: PassReport) -> str:
         return f"ROLLED BACK{against}: {v.get('message') or _drift_text(outs)}"
     if v["status"] == "unverified":
         return "checker only (ORT cannot run original)"
+    if entry.fidelity:
+        return f"{v['status']}: {_fidelity_text(entry.fidelity)}"
     return f"{v['status']}{against}: {_drift_text(outs)}"
+
+
+def _fidelity_text(fid: dict) -> str:
+    used = fid["used"]
+    spent = "∞" if used == float("inf") or used == "inf" else f"{used:.0%}"
+    held = "" if fid.get("met") else ", MISSED"
+    share = "" if fid.get("allowed", 1.0) >= 1.0 else f" (its share {fid['allowed']:.0%})"
+    return f"{fid['binding']}, {spent} of the {fid['target']} budget{share}{held}"
+
+
+def _view_text(view: dict) -> str:
+    parts = []
+    if "cosine" in view:
+        parts.append(f"cos {view['cosine']:.6f}" if isinstance(view["cosine"], float) else f"cos {view['cosine']}")
+    if "agreement" in view:
+        parts.append(f"agree {view['agreement'] * 100:.1f}%")
+    return f"{view['view']} {' '.join(parts)} (worst sample {view['worst_sample']})"
 
 
 def _drift_text(outs: dict) -> str:
@@ -149,11 +172,7 @@ def _drift_text(outs: dict) -> str:
         return ""
     rel = max(d["max_rel"] for d in outs.values())
     cos = min(d["cosine"] for d in outs.values())
-    top1 = [d["top1"] for d in outs.values() if d.get("top1") is not None]
-    text = f"rel {rel:.1e}, cos {cos:.6f}"
-    if top1:
-        text += f", top1 {min(top1) * 100:.1f}%"
-    return text
+    return f"rel {rel:.1e}, cos {cos:.6f}"  # a top-1 only where an output decides: the fidelity views
 
 
 def _op_changes(before: dict, after: dict, limit: int = 6) -> str:
@@ -197,6 +216,9 @@ def _pass_details(p: PassReport) -> list:
     if ops:
         details.append("ops: " + ops)
     details.extend(p.notes)
+    if p.fidelity:
+        details.append(f"views on {p.fidelity['samples']} {p.fidelity.get('judged_on') or 'samples'}: "
+                       + "; ".join(_view_text(v) for v in p.fidelity["views"]))
     if p.modified and (p.verification or {}).get("status") == "unverified":
         details.append(f"not verified, only the onnx checker ran: {p.verification['message']}")
     return [f"{p.name}:"] + [f"  {d}" for d in details] if details else []
@@ -212,6 +234,9 @@ def _closing_notes(report: Report) -> list:
         lines.append(f"note: {', '.join(lossy)} calibrated and verified on generated random inputs, which say "
                      "little about accuracy on real data (top-1 of a classifier least of all); "
                      "pass --calib and --eval with real samples")
+    last = next((p.fidelity for p in reversed(report.passes) if p.fidelity and not p.rolled_back), None)
+    if last is not None and last.get("pipeline_met") is False:
+        lines.append(f"warning: the pipeline's target {report.target} is missed: {last['binding']}")
     lines.extend(f"load: {note}" for note in report.load_notes)
     if report.original_check:
         lines.append(f"note: the original model fails the onnx checker ({report.original_check})")

@@ -3,6 +3,20 @@
 One place decides how a ModelProto becomes a session: a skeleton proto plus the weights
 handed over as arrays (never serialized, any size); graph optimisation level and thread
 counts are explicit arguments, never global settings.
+
+Pre-packing: by default ORT copies every constant MatMul / Conv weight into a packed layout
+it keeps for the session's life (the deployed behaviour, and what :mod:`.bench` times). A
+session that only verifies, calibrates or runs a few samples passes ``prepack=False``
+(:data:`NO_PREPACK`). ORT 1.32, anonymous memory a session adds: one 64 MB MatMul weight,
++64 MB packed, +0.1 MB not (``tests/core/test_runtime_prepack.py``); issue 16's 2.78 GB model,
+2.64 GB against 26 MB. MLAS rounds the unpacked path differently in the last bits (a chain's
+output: −8.990326 packed, −8.990236 not, ``benchmarks/results/memory-2026-11-29-s2.md``), so
+sessions whose outputs are compared with each other should agree on it.
+
+Tensors left on disk (anchored, :mod:`.streaming`) carry absolute locations, which ORT refuses
+("Absolute path not allowed for external data location"): every session goes through
+:func:`make_session` (their files become its external-data folder) or, for a session with a
+folder of its own, :func:`map_anchored`.
 """
 
 from __future__ import annotations
@@ -17,9 +31,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
+from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
 
-from .streaming import (NUMPY_DTYPES, copy_fields, copy_fields_except_data, is_anchored, relocate_anchored, set_location,
-                        tensor_nbytes)
+from .streaming import (NUMPY_DTYPES, copy_fields, copy_fields_except_data, is_anchored, relocate_anchored,
+                        set_location, tensor_array, tensor_nbytes)
 
 OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -46,12 +61,19 @@ def give_back() -> None:
         _MALLOC_TRIM(0)
 
 
-def session_options(opt_level: str = "disable", threads: int = 0) -> ort.SessionOptions:
+NO_PREPACK = "session.disable_prepacking"  # session config key: "1" = no packed weight copies
+
+
+def session_options(opt_level: str = "disable", threads: int = 0, prepack: bool = True) -> ort.SessionOptions:
+    """Options with the optimisation level, intra-op ``threads`` (0: ORT's default) and, with
+    ``prepack=False``, no pre-packed weight copies (see the module docstring)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = OPT_LEVELS[opt_level]
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 4  # failures reach the user as exceptions, not as ORT log lines
+    if not prepack:
+        so.add_session_config_entry(NO_PREPACK, "1")
     return so
 
 
@@ -63,6 +85,8 @@ def make_session(
     extra_outputs: list | None = None,
     arena: bool = True,
     arrays: dict | None = None,
+    prepack: bool = True,
+    profile: str | None = None,
 ) -> ort.InferenceSession:
     """A session for a proto or a file path; ``extra_outputs``: intermediate tensors the
     session also returns (proto only, see :func:`add_outputs`).
@@ -76,10 +100,16 @@ def make_session(
     keeps a run's peak of intermediates for the session's life; without it they go back to
     malloc as they are freed (see :func:`give_back`). For sessions that run a few samples.
     ``arrays``: the values of the proto's ``in-memory`` stubs (:meth:`.model.Model.session_proto`),
-    written to the spill file like the weights of a whole proto.
+    written to the spill file like the weights of a whole proto. ``prepack=False``: no packed
+    weight copies — for sessions that verify, calibrate or run a few samples, never for timing
+    (module docstring). ``profile``: a file prefix; ORT profiles the session's runs
+    (``end_profiling`` returns the file).
     """
-    so = session_options(opt_level, threads)
+    so = session_options(opt_level, threads, prepack)
     so.enable_cpu_mem_arena = arena
+    if profile is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile)
     providers = providers or ["CPUExecutionProvider"]
     if isinstance(model, (str, Path)):
         return ort.InferenceSession(str(model), so, providers=providers)
@@ -170,6 +200,41 @@ def split_weights(proto: onnx.ModelProto, arrays: dict | None = None) -> tuple:
         copy_fields_except_data(init, stub)
         moved.append((stub, init))
     return skeleton, moved, relocate_anchored(skeleton)
+
+
+def map_anchored(proto: onnx.ModelProto, location: str) -> dict:
+    """Make ``proto`` (in place) loadable by a session whose external-data folder is not its
+    weights' folder: returns {name: (array, OrtValue)} for its anchored main-graph initializers,
+    read-only maps of their files (:func:`.streaming.tensor_array`: nothing read, nothing
+    copied) to hand ORT with ``SessionOptions.add_initializer``; their stubs now name
+    ``location`` in that folder (ORT checks the file exists; the initializer given replaces it
+    unread). The caller keeps the arrays alive as long as the session. Anchored tensors that
+    cannot be given so (in If/Loop bodies, Constant attributes, types numpy cannot map) get
+    their bytes copied into the proto."""
+    mapped = {}
+    for init in proto.graph.initializer:
+        if not is_anchored(init) or init.data_type not in NUMPY_DTYPES:
+            continue
+        array = tensor_array(init)
+        if not array.flags.aligned:  # a map at an odd offset: ORT's kernels want aligned buffers
+            array = np.array(array)
+        mapped[init.name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+        set_location(init, location, 0, array.nbytes)
+    for tensor in _get_all_tensors(proto):
+        if is_anchored(tensor):
+            _embed(tensor)
+    return mapped
+
+
+def _embed(tensor: onnx.TensorProto) -> None:
+    """Read an anchored tensor's bytes into its ``raw_data`` (no longer external)."""
+    info = ExternalDataInfo(tensor)
+    with open(info.location, "rb") as fh:
+        fh.seek(info.offset or 0)
+        data = fh.read(info.length if info.length else tensor_nbytes(tensor))
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = data
 
 
 _FLOAT_INPUTS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}

@@ -96,13 +96,10 @@ def _samples(proto: onnx.ModelProto, where) -> list:
 
 def _run(proto: onnx.ModelProto, feeds: list):
     """The outputs on every sample, or the reason ONNX Runtime gives for not running it."""
-    import onnxruntime as ort
+    from .runtime import make_session
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3  # "only *guarantees* support for … opset 7" on every opset-6 load
-    try:
-        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    try:  # optimisations off; weights spilled to a file ORT maps, never serialized (any size); no packed copies
+        session = make_session(proto, "disable", prepack=False, arena=False)
         names = [i.name for i in session.get_inputs()]
         return [session.run(None, {n: feed[n] for n in names}) for feed in feeds]
     except Exception as exc:  # noqa: BLE001 - ORT's errors are many types; the reason is reported

@@ -75,10 +75,13 @@ class Check:
     outputs: dict = field(default_factory=dict)  # output name -> Drift dict
     message: str = ""
     against: str = "original"  # or "previous": the last accepted model, after a lossy pass
+    verdict: object = None  # lossy: the :class:`.fidelity.Verdict` per output view
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "message": self.message, "outputs": self.outputs,
-                "against": self.against}
+        out = {"status": self.status, "message": self.message, "outputs": self.outputs, "against": self.against}
+        if self.verdict is not None:
+            out["fidelity"] = self.verdict.to_dict()
+        return out
 
     def summary(self) -> str:
         if self.message:
@@ -97,11 +100,14 @@ class Verifier:
     drift ``fp16`` already made."""
 
     def __init__(self, original: onnx.ModelProto, samples: list, rtol: float = 1e-4, atol: dict | None = None,
-                 feed=None):
+                 feed=None, fidelity=None):
         """``feed``: the generated feed ``samples`` came from; when ORT cannot run them, a
         variant it runs is searched for (:func:`fit_generated`) and kept as :attr:`feed`,
-        what it changed in :attr:`derived` (None when nothing was searched)."""
+        what it changed in :attr:`derived` (None when nothing was searched). ``fidelity``: a
+        :class:`.fidelity.Fidelity` whose views and target judge lossy candidates (its
+        reference and tail tensors are filled from the original's run here)."""
         self.samples = samples
+        self.fidelity, self.runtime = fidelity, None
         self.feed, self.derived = feed, None
         self.rtol = rtol
         self.atol = dict(atol or {})  # output name -> absolute tolerance (instead of rtol)
@@ -109,20 +115,21 @@ class Verifier:
         self.compute_dtype = lowest_float_dtype(original)
         self.reference, self.runtime_error = None, None
         self.accepted = self._last = None  # outputs of the last accepted / last checked model
+        extra = fidelity.views.runtime_tensors if fidelity is not None else []
         try:
-            session = _session(original)
+            session = _session(original, extra_outputs=extra)
         except Exception as exc:  # noqa: BLE001 - ORT raises its own types
             self.runtime_error = _first_line(exc)
             return
         try:
             try:
-                self.reference = self.accepted = _run_all(session, samples)
+                self._reference_run(session, samples, original, extra)
             except Exception:  # noqa: BLE001 - ORT raises its own types; a search for data it runs on
                 fitted = fit_generated(session, feed, len(samples)) if feed is not None else None
                 if fitted is None:
                     raise
                 self.feed, self.samples, self.derived = fitted
-                self.reference = self.accepted = _run_all(session, self.samples)
+                self._reference_run(session, self.samples, original, extra)
         except Exception as exc:  # noqa: BLE001
             raise UserError(
                 f"ONNX Runtime loads the original model but cannot run it on the sample inputs "
@@ -133,9 +140,20 @@ class Verifier:
             del session
             give_back()
 
-    def check(self, candidate: onnx.ModelProto | Model, lossless: bool) -> Check:
+    def _reference_run(self, session, samples: list, original: onnx.ModelProto, extra: list) -> None:
+        results = _run_all(session, samples)
+        outputs = {o.name for o in original.graph.output}
+        self.reference = self.accepted = [{k: v for k, v in r.items() if k in outputs} for r in results]
+        if extra:
+            self.runtime = [{k: v for k, v in r.items() if k in extra} for r in results]
+        if self.fidelity is not None:
+            self.fidelity.samples = samples
+            self.fidelity._reference, self.fidelity._runtime = self.reference, self.runtime
+
+    def check(self, candidate: onnx.ModelProto | Model, lossless: bool, fidelity=None) -> Check:
         """``candidate``: a proto, or a :class:`Model` — checked and run without exporting its
-        weights (:meth:`Model.session_proto`; no whole-model proto held beside the session)."""
+        weights (:meth:`Model.session_proto`; no whole-model proto held beside the session).
+        ``fidelity``: the pass's own (its target or share) for a lossy candidate's verdict."""
         arrays = None
         self._last = None
         if isinstance(candidate, Model):
@@ -166,7 +184,11 @@ class Verifier:
             ok = ok and self._within(name, drift, getattr(reference[0][name], "dtype", None))
         self._last = results
         against = "original" if reference is self.reference else "previous"
-        return Check("ok" if ok else "failed" if lossless else "drift", outputs, against=against)
+        check = Check("ok" if ok else "failed" if lossless else "drift", outputs, against=against)
+        judged_by = fidelity or self.fidelity
+        if not lossless and judged_by is not None:
+            check.verdict = judged_by.judge(results, self.reference, self.runtime)
+        return check
 
     def _within(self, name: str, drift, dtype=None) -> bool:
         if name in self.atol:
@@ -231,10 +253,12 @@ def fit_generated(session, feed, n: int):
     return None
 
 
-def _session(proto: onnx.ModelProto, arrays: dict | None = None):
+def _session(proto: onnx.ModelProto, arrays: dict | None = None, extra_outputs: list | None = None):
     """A verification session: ORT's arena off (it would keep the largest run's intermediates
     until the session goes, and malloc keeps them after; MiniLM: ≈ 50 MB)."""
-    return make_session(proto, arena=False, arrays=arrays)
+    outputs = {o.name for o in proto.graph.output}
+    extra = [n for n in extra_outputs or [] if n not in outputs] or None
+    return make_session(proto, arena=False, arrays=arrays, extra_outputs=extra, prepack=False)
 
 
 def _run_all(session, samples: list) -> list:

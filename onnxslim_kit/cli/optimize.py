@@ -63,7 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strict", action="store_true",
                         help="exit 3 (writing nothing) if a lossless pass changes the outputs; a pass "
                              "ONNX Runtime cannot verify (it cannot load the original, e.g. custom-domain "
-                             "ops) is not a failure: a warning is printed, the report says 'unverified'")
+                             "ops) is not a failure: a warning is printed, the report says 'unverified'; "
+                             "also exit 3 when the lossy passes miss the --target")
+    parser.add_argument("--target", metavar="T", default=None,
+                        help="fidelity the whole pipeline holds, judged per output view on held-out samples: "
+                             "cos:V, top1:V, rel:V or none (default cos:0.99); each lossy pass spends the share "
+                             "the passes before it left; a pass's own target= overrides it for that pass")
+    parser.add_argument("--metric", metavar="MODULE:FUNCTION", default=None,
+                        help="your fidelity function fn(reference, candidate) -> score (lists of output dicts, "
+                             "one per judged sample; 1.0 = as the original); binds --target metric:V "
+                             "(default metric:0.99) instead of the built-in views")
     parser.add_argument("--calib", metavar="PATH",
                         help=".npz/.npy file or folder of them, keys = input names (default: random data)")
     parser.add_argument("--eval", metavar="PATH",
@@ -115,7 +124,11 @@ def parse_atol(items: list) -> dict:
 def list_passes() -> str:
     from ..registry import available_passes
 
-    lines = []
+    from ..fidelity import SYNTAX as TARGETS
+    from ..selection import SYNTAX as SELECTORS
+
+    lines = [f"targets (--target, and each lossy pass's target=): {TARGETS}; '' = the pipeline's share",
+             f"selectors (--exclude, exclude=, include=): {SELECTORS}", ""]
     for name, cls in available_passes().items():
         kind = "lossless" if cls.lossless else "lossy"
         lines.append(f"{name}  ({kind})  {cls.summary}")
@@ -173,6 +186,9 @@ def _arguments(args) -> dict:
         replay = recipe_arguments(load(args.recipe), model=args.model, calib=args.calib, eval_data=args.eval,
                                   where=f"--recipe {args.recipe}")
         replay.setdefault("verify_samples", args.verify_samples)
+        for key in ("target", "metric"):
+            if getattr(args, key) is not None:
+                replay[key] = getattr(args, key)
         return {**replay, **common, "verify": replay.get("verify", True) and not args.no_verify}
     if not args.model:
         raise UserError("no model given (see --help)")
@@ -184,7 +200,8 @@ def _arguments(args) -> dict:
         "model": args.model, "passes": args.passes or "fuse", "calib": args.calib, "eval_data": args.eval,
         "input_shapes": input_shapes, "fixed_inputs": parse_input_values(args.fix_input),
         "num_samples": args.num_samples, "seed": args.seed, "rtol": args.rtol, "atol": parse_atol(args.atol),
-        "exclude": args.exclude or None, "verify_samples": args.verify_samples, **common,
+        "exclude": args.exclude or None, "verify_samples": args.verify_samples, "target": args.target,
+        "metric": args.metric, **common,
     }
 
 

@@ -2,9 +2,13 @@
 
 One codebook size for every layer treats them alike; they are not: on PP-OCRv4 det after
 ``fuse``, k = 16 everywhere gives output cosine 0.969 on held-out pages, while most layers
-alone cost less than 1e-4 of cosine. So the pass measures, on calibration data:
+alone cost less than 1e-4 of cosine. So the pass judges candidates by the fidelity contract
+(:mod:`onnxslim_kit.fidelity`): a configuration's outputs on the pipeline's held-out samples
+``fid.samples``, view by view against the *original* model's outputs, give a verdict whose
+budget fraction ``u`` (``verdict.used``) must stay ``≤ fid.allowed`` (the share of the target's
+loss budget this pass may take the model to):
 
-1. ``c(all at k)``: the model with every candidate clustered at ``k``. At or above ``target``:
+1. ``u(all at k)``: the model with every candidate clustered at ``k``. Within ``allowed``:
    done, every layer keeps ``k``.
 2. Each layer has a *ladder* of levels (:func:`ladder`): ``k`` with the shared codebook,
    ``k`` with a codebook per row (:mod:`onnxslim_kit.passes.cluster.maths.rows`; ``rows`` option), ``k_high`` (256
@@ -12,14 +16,15 @@ alone cost less than 1e-4 of cosine. So the pass measures, on calibration data:
    levels that cost at least as many bytes as a later one (a small layer goes straight to
    float). For every step, the layer's bytes ``b_i(s)`` and its own damage ``d_i(s)``: the
    mean relative squared output error with only that layer at step ``s`` (the others float)
-   on ``rank_samples`` samples — its effect on the model output, amplification downstream
+   on ``rank_samples`` samples of the data the pass fits (``ctx.feed``, never the judged
+   ones; against the model before the pass) — its effect on the model output, amplification downstream
    included (smoother than the worst cosine, which a single flipped decision moves by 0.05
    on PP-OCRv4 rec, and roughly additive over layers). A layer whose damage is nil (an If
    branch the samples never take) stays at ``k``.
 3. For a price ``λ`` every layer takes the step minimising ``b_i(s) + λ · d_i(s)`` — for the
    extra bytes, the largest drop in damage across all layers and steps at once. Larger ``λ``
    never picks a coarser step, so the smallest ``λ`` (among the prices at which some layer
-   changes step) whose configuration holds ``c ≥ target`` is found by bisection (assumes a
+   changes step) whose configuration holds ``u ≤ allowed`` is found by bisection (assumes a
    finer configuration never hurts; nearly so in practice, not exactly, so the configuration
    found holds the target but is not always the smallest).
 
@@ -31,8 +36,9 @@ k_high and 17 float (0.30× the original); with prices: 0.19× (results
 
 All evaluations run in one ONNX Runtime session in which the candidate weights are
 *overridable initializers* (also listed as graph inputs): a configuration is a feed
-``{weight name: decoded values}``, so no model is rebuilt or re-serialised per trial.
-``c`` is the worst cosine over float outputs and samples against the model before the pass.
+``{weight name: decoded values}``, so no model is rebuilt or re-serialised per trial. The
+judged outputs are the session's graph outputs; the tail tensors a view needs (the branches of
+a concatenated head) are the original's, which ``fid`` holds.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxslim_kit.metrics import compare, merge
+from onnxslim_kit.api import check_target
 from onnxslim_kit.model import proto_graphs
 from onnxslim_kit.runtime import make_session, run
 
@@ -72,13 +78,25 @@ def overridable(proto: onnx.ModelProto, names: list) -> onnx.ModelProto:
     return out
 
 
-class Trials:
-    """Output cosine of weight configurations, all in one session."""
+def parse_target(text: str, where: str) -> str:
+    """The ``target`` option's parse hook: the older ``0`` (off) reads as ``none``; anything
+    else as :func:`onnxslim_kit.fidelity.check_target` (empty: the pipeline's share)."""
+    try:
+        if str(text).strip() and float(text) == 0:
+            return "none"
+    except ValueError:
+        pass
+    return check_target(text, where)
 
-    def __init__(self, proto: onnx.ModelProto, names: list, samples: list):
-        self.names, self.samples = names, samples
+
+class Trials:
+    """Weight configurations in one session: judged on ``fid.samples`` (:meth:`verdict`), and
+    each layer's damage on ``rank_samples`` (fit samples, :meth:`error`)."""
+
+    def __init__(self, proto: onnx.ModelProto, names: list, rank_samples: list, fid):
+        self.names, self.rank_samples, self.fid = names, rank_samples, fid
         self.session = make_session(overridable(proto, names), threads=1)
-        self.reference = [run(self.session, s) for s in samples]
+        self.reference = [run(self.session, s) for s in rank_samples]  # the model before the pass
         self.evaluations = 0
 
     def _run(self, sample: dict, values: dict) -> dict:
@@ -90,14 +108,13 @@ class Trials:
         names = [o.name for o in self.session.get_outputs()]
         return dict(zip(names, self.session.run(names, {**feed, **values})))
 
-    def error(self, values: dict, samples: int | None = None) -> float:
-        """Mean relative squared error ``‖o − r‖² / ‖r‖²`` over float outputs and the first
-        ``samples`` samples: a layer's damage, smoother than the worst cosine (an error that
-        flips no decision still counts) and roughly additive over layers."""
+    def error(self, values: dict) -> float:
+        """Mean relative squared error ``‖o − r‖² / ‖r‖²`` over float outputs and the rank
+        samples: a layer's damage, smoother than the worst cosine (an error that flips no
+        decision still counts) and roughly additive over layers."""
         self.evaluations += 1
-        chosen = self.samples[:samples] if samples else self.samples
         total, count = 0.0, 0
-        for ref, sample in zip(self.reference, chosen):
+        for ref, sample in zip(self.reference, self.rank_samples):
             out = self._run(sample, values)
             for name, r in ref.items():
                 if r.dtype.kind == "f":
@@ -106,37 +123,32 @@ class Trials:
                     count += 1
         return total / max(count, 1)
 
-    def cosine(self, values: dict, samples: int | None = None) -> float:
-        """Worst output cosine with ``{weight name: array}`` fed over the first ``samples``."""
+    def verdict(self, values: dict):
+        """The fidelity verdict (:class:`onnxslim_kit.fidelity.Verdict`) with ``{weight name:
+        array}`` fed, on the judged samples against the original."""
         self.evaluations += 1
-        chosen = self.samples[:samples] if samples else self.samples
-        outs = [self._run(s, values) for s in chosen]
-        worst = 1.0
-        for name, ref in self.reference[0].items():
-            if ref.dtype.kind == "f":
-                worst = min(worst, merge([compare(r[name], o[name]) for r, o in zip(self.reference, outs)]).cosine)
-        return worst
+        return self.fid.judge([self._run(s, values) for s in self.fid.samples])
 
 
-def choose(proto, items: list, samples: list, target: float, levels: list, rank_samples: int = 4) -> tuple:
-    """``(levels, measured cosine, trials)``: one level per item, from its ladder (:func:`ladder`
-    over ``levels``, cheapest first, :data:`FLOAT` last), holding ``target`` if any
-    configuration does. ``items`` have ``name`` (the initializer), ``values`` and ``levels``
-    (``{level: Clustered}``)."""
-    trials = Trials(proto, [it.name for it in items], samples)
+def choose(proto, items: list, rank_samples: list, fid, levels: list) -> tuple:
+    """``(levels, verdict, trials)``: one level per item, from its ladder (:func:`ladder` over
+    ``levels``, cheapest first, :data:`FLOAT` last), holding ``fid.met`` if any configuration
+    does. ``items`` have ``name`` (the initializer), ``values`` and ``levels`` (``{level:
+    Clustered}``); ``rank_samples``: fit samples for the per-layer damages."""
+    trials = Trials(proto, [it.name for it in items], rank_samples, fid)
 
     def config(chosen):
         return {it.name: it.levels[lv].decoded() for it, lv in zip(items, chosen) if lv is not FLOAT}
 
     ladders = [ladder(it, levels) for it in items]
     low = [steps[0] for steps in ladders]
-    measured = trials.cosine(config(low))
-    if measured >= target or not items:
-        return low, measured, trials
+    verdict = trials.verdict(config(low))
+    if fid.met(verdict) or not items:
+        return low, verdict, trials
     costs, damages = [], []
     for item, steps in zip(items, ladders):
         costs.append([_bytes(item, lv, levels[0]) for lv in steps])
-        damages.append([0.0 if lv is FLOAT else trials.error({item.name: item.levels[lv].decoded()}, rank_samples)
+        damages.append([0.0 if lv is FLOAT else trials.error({item.name: item.levels[lv].decoded()})
                         for lv in steps])
         if damages[-1][0] <= UNCHANGED:  # the layer does not change the output (an If branch not taken)
             del steps[1:], costs[-1][1:], damages[-1][1:]
@@ -145,16 +157,16 @@ def choose(proto, items: list, samples: list, target: float, levels: list, rank_
     def at(price: float) -> list:
         return [steps[_cheapest(c, d, price)] for steps, c, d in zip(ladders, costs, damages)]
 
-    good, bad, good_cos = len(prices) - 1, -1, None
+    good, bad, good_verdict = len(prices) - 1, -1, None
     while good - bad > 1:
         mid = (good + bad) // 2
-        cos = trials.cosine(config(at(prices[mid])))
-        if cos >= target:
-            good, good_cos = mid, cos
+        found = trials.verdict(config(at(prices[mid])))
+        if fid.met(found):
+            good, good_verdict = mid, found
         else:
             bad = mid
     chosen = at(prices[good])
-    return chosen, trials.cosine(config(chosen)) if good_cos is None else good_cos, trials
+    return chosen, trials.verdict(config(chosen)) if good_verdict is None else good_verdict, trials
 
 
 def _cheapest(costs: list, damages: list, price: float) -> int:

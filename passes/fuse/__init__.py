@@ -4,6 +4,8 @@ Rewrites (each in its own module, each counted in the report under its label):
 
 * :mod:`onnxslim_kit.passes.fuse.fold_bn` — BatchNormalization folded into a preceding Conv / ConvTranspose / Gemm /
   MatMul (also across a bias Add), or replaced by one Mul + Add when nothing precedes it;
+  in float16 both it and the affine folds skip a fold whose rounding the lossless bound cannot
+  absorb (:mod:`onnxslim_kit.passes.fuse.fp16_guard`);
 * :mod:`onnxslim_kit.passes.fuse.fold_affine` — constant Mul / Add / Sub / Div folded into Conv and Gemm weights and
   bias; MatMul + Add → Gemm where valid;
 * :mod:`onnxslim_kit.passes.fuse.affine_chain` — chains of constant Mul / Add (a BN made Mul + Add before a

@@ -31,6 +31,8 @@ Conditions:
 4. Div: the constant has no zeros ("affine: division by zero").
 5. Mul / Div rescale the weight, so it must be read by this producer alone ("affine: shared
    weight"); Add / Sub touch only the bias, which is copied when shared.
+6. A float16 fold's rounding stays within the lossless bound at the output's scale
+   (:mod:`onnxslim_kit.passes.fuse.fp16_guard`; "affine: float16 rounding of the folded weight").
 
 MatMul + Add → Gemm (label ``matmul+add→gemm``): ``Add(MatMul(x, W), c)`` (either order in the
 Add) with W a constant 2-D float weight, c a constant of shape (), [1], [N], [1,1] or [1,N],
@@ -50,7 +52,7 @@ import onnx_graphsurgeon as gs
 from onnxslim_kit.passes._common.graph import const_value
 from onnxslim_kit.passes._common.match import NOT_CONCERNED, MatchResult, RuleRun
 from onnxslim_kit.passes.fuse.fold_common import (
-    FLOAT_KINDS, FoldPlan, apply_each, fold_into, is_op, local_producer, match_target,
+    FLOAT_KINDS, FoldPlan, apply_each, fold_into, guarded, is_op, local_producer, match_target,
     per_channel, rank_of, sole_reader, split_constant,
 )
 
@@ -92,7 +94,7 @@ def fold_affine(graph: gs.Graph, run: RuleRun, ops: tuple) -> int:
     def rewrite(node, plan: FoldPlan):
         fold_into(plan.target, run.model, graph, plan.scale, plan.shift, node.outputs[0], plan.consumed)
 
-    return apply_each(graph, run, AFFINE_OPS, partial(_plan, ops=ops), rewrite)
+    return apply_each(graph, run, AFFINE_OPS, guarded(partial(_plan, ops=ops), run, "affine: "), rewrite)
 
 
 def _plan_gemm(add, graph, node_ids) -> MatchResult:

@@ -33,13 +33,18 @@ MatMul), ``bn→mul+add``. Conditions for folding into the producer ``P``:
 5. ``P``'s weight is constant and read by ``P`` alone ("bn: shared weight" otherwise: copying
    would double the weight); its bias is constant or absent (a shared bias is copied).
 6. ``P``'s output channel count equals C; all of them float.
+7. A float16 fold's rounding stays within the lossless bound at the output's scale
+   (:mod:`onnxslim_kit.passes.fuse.fp16_guard`; "bn: float16 rounding of the folded weight"
+   otherwise — the BN stays, the other folds go on). For ``bn→mul+add`` too: ``Mul`` then
+   ``Add`` rounds ``x·s`` before ``t`` is added, where BN rounds once.
 
 Fallback (``bn→mul+add``): a BN meeting 1–2 whose input is not produced by a candidate ``P``
 (directly or through a bias Add) becomes ``Mul(x, s) → Add(·, t)`` with constants shaped
 ``[C, 1, …, 1]`` to broadcast on axis 1 — only when the rank r of x is known and ≥ 2 (else
 "bn: input rank unknown" / "bn: input rank < 2"). A BN that has a candidate ``P`` failing 4–6
 keeps its reason and is left as it is. (Folding forward into a following pad-free Conv would
-save the two elementwise ops too; the Mul + Add form is simpler and always exact.)
+save the two elementwise ops too; the Mul + Add form is simpler, and exact up to one rounding
+of ``x·s`` — the reason for condition 7 in float16.)
 """
 
 from __future__ import annotations
@@ -51,8 +56,9 @@ import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes._common.graph import attr, const_value, new_constant
 from onnxslim_kit.passes._common.match import NOT_CONCERNED, MatchResult, RuleRun
+import onnxslim_kit.passes.fuse.fp16_guard as fp16_guard
 from onnxslim_kit.passes.fuse.fold_common import (
-    TARGET_OPS, FoldPlan, apply_each, fold_into, is_op, local_producer, match_target,
+    TARGET_OPS, FoldPlan, apply_each, fold_into, guarded, half_check, is_op, local_producer, match_target,
     per_channel, rank_of, sole_reader, split_constant,
 )
 
@@ -134,7 +140,7 @@ def fold_bn(graph: gs.Graph, run: RuleRun, ops: tuple) -> int:
     def rewrite(bn, plan: FoldPlan):
         fold_into(plan.target, run.model, graph, plan.scale, plan.shift, bn.outputs[0], plan.consumed)
 
-    return apply_each(graph, run, ("BatchNormalization",), partial(_plan, ops=ops), rewrite)
+    return apply_each(graph, run, ("BatchNormalization",), guarded(partial(_plan, ops=ops), run, "bn: "), rewrite)
 
 
 def _plan_mul_add(bn, graph, node_ids) -> MatchResult:
@@ -153,6 +159,31 @@ def _plan_mul_add(bn, graph, node_ids) -> MatchResult:
     return MatchResult.of(affine.value + (rank,))
 
 
+def _mul_add_dtype(bn):
+    x = bn.inputs[0]
+    return x.dtype if getattr(x, "dtype", None) is not None else const_value(bn.inputs[1]).dtype
+
+
+def mul_add_rounding(scale, shift, out_shape, reach=None) -> MatchResult | None:
+    """The float16 check of ``Mul(ŝ) → Add(t̂)`` for a BN (:mod:`.fp16_guard`): per channel
+    ``m = t``, ``σ = |s|``, ``ε² = (ŝ − s)² + (u²/3)·s² + (t̂ − t)²``."""
+    error = np.sqrt(fp16_guard.rounding_error(scale) ** 2 + fp16_guard.UNIT ** 2 / 3 * scale ** 2
+                    + fp16_guard.rounding_error(shift) ** 2)
+    per_channel = fp16_guard.elements_per_channel(out_shape, scale.shape[0])
+    return fp16_guard.check(shift, np.abs(scale), error, per_channel, reach)
+
+
+def _plan_mul_add_checked(run: RuleRun):
+    """:func:`_plan_mul_add`, then, for a float16 BN, :func:`mul_add_rounding`."""
+    def plan(bn, graph, node_ids) -> MatchResult:
+        found = _plan_mul_add(bn, graph, node_ids)
+        if not found.ok or not fp16_guard.is_half(_mul_add_dtype(bn)):
+            return found
+        scale, shift, _ = found.value
+        return half_check(run, graph, bn.outputs[0], found, partial(mul_add_rounding, scale, shift), "bn: ")
+    return plan
+
+
 def bn_to_mul_add(graph: gs.Graph, run: RuleRun) -> int:
     """BN with no candidate producer → Mul + Add with constants broadcasting on axis 1."""
     model = run.model
@@ -160,7 +191,7 @@ def bn_to_mul_add(graph: gs.Graph, run: RuleRun) -> int:
     def rewrite(bn, plan):
         scale, shift, rank = plan
         x, out = bn.inputs[0], bn.outputs[0]
-        dtype = x.dtype if getattr(x, "dtype", None) is not None else const_value(bn.inputs[1]).dtype
+        dtype = _mul_add_dtype(bn)
         shape = (scale.shape[0],) + (1,) * (rank - 2)
         base = f"fuse_{bn.name or 'bn'}"
         scale_c = new_constant(model, base + "_scale", scale.reshape(shape).astype(dtype))
@@ -174,7 +205,7 @@ def bn_to_mul_add(graph: gs.Graph, run: RuleRun) -> int:
             gs.Node("Add", name=model.fresh_name(base + "_add"), inputs=[mid, shift_c], outputs=[out]),
         ]
 
-    return apply_each(graph, run, ("BatchNormalization",), _plan_mul_add, rewrite)
+    return apply_each(graph, run, ("BatchNormalization",), _plan_mul_add_checked(run), rewrite)
 
 
 RULES = [

@@ -22,7 +22,10 @@ Gemm: ``Y = α·A'·B' + β·C``. Scaling column ``n`` by ``s[n]`` and adding ``
 ``B' ← B'·s`` (columns of B, rows of Bᵀ) and ``C ← β·C·s + t`` with ``β ← 1``; α is unchanged.
 A MatMul target is rewritten into such a Gemm (input known to be 2-D).
 
-All arithmetic is done in float64 and cast back to the dtype of the tensor it replaces. Arrays
+All arithmetic is done in float64 and cast back to the dtype of the tensor it replaces, one
+rounding per value (:func:`folded_bias`, :func:`_scaled_weight`); in float16 that one rounding
+can still be too much for the lossless bound, which :func:`guarded` checks
+(:func:`half_rounding`, the model in :mod:`onnxslim_kit.passes.fuse.fp16_guard`). Arrays
 held by constants are never modified in place: a constant read only by the target gets a new
 array; a bias read by other nodes too is copied into a new constant; a weight read by other
 nodes is *not* copied (that would double the weight): the caller skips with "shared weight".
@@ -43,12 +46,14 @@ Helpers here never raise for "does not apply": they return a failed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes._common.graph import as_array, attr, const_value, is_onnx_op, new_constant, only_consumer, producer
 from onnxslim_kit.passes._common.match import MatchResult, RuleRun
+import onnxslim_kit.passes.fuse.fp16_guard as fp16_guard
 
 TARGET_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 FLOAT_KINDS = "f"
@@ -305,6 +310,21 @@ def _scaled_weight(target: Target, scale: np.ndarray) -> np.ndarray:
     return w.astype(target.weight.dtype)
 
 
+def folded_bias(target: Target, scale, shift) -> np.ndarray | None:
+    """The folded bias ``b' = β·C·s + t`` (Gemm; ``b·s + t`` otherwise) in float64, before the
+    cast back; None when there is neither bias nor shift."""
+    bias_tensor = target.bias_tensor
+    bias = const_value(bias_tensor) if bias_tensor is not None else None
+    new = None if bias is None else bias.astype(np.float64)
+    if new is not None and target.op == "Gemm":
+        new = new * float(attr(target.node, "beta", 1.0))  # β·C, then β ← 1 in fold_into
+    if new is not None and scale is not None:
+        new = new * scale
+    if shift is not None:
+        new = shift if new is None else new + shift
+    return new
+
+
 def fold_into(target: Target, model, graph, scale, shift, out, consumed: list) -> None:
     """Make ``target`` compute ``y·scale + shift`` (per output channel; either may be None)
     and write it to ``out``, the output of the last of the ``consumed`` nodes, which go.
@@ -321,16 +341,10 @@ def fold_into(target: Target, model, graph, scale, shift, out, consumed: list) -
         target = Target(node, target.weight, target.channels, 2)
     bias_tensor = target.bias_tensor
     bias = const_value(bias_tensor) if bias_tensor is not None else None  # read before any store
+    new = folded_bias(target, scale, shift)
     if scale is not None:
         _store(model, node, 1, target.weight_tensor, _scaled_weight(target, scale), base + "_weight")
     dtype = bias.dtype if bias is not None else target.weight.dtype
-    new = None if bias is None else bias.astype(np.float64)
-    if new is not None and node.op == "Gemm":
-        new = new * float(attr(node, "beta", 1.0))  # β·C, then β ← 1 below
-    if new is not None and scale is not None:
-        new = new * scale
-    if shift is not None:
-        new = shift if new is None else new + shift
     if new is not None and (scale is not None or shift is not None):
         new = new.astype(dtype)
         if node.op == "Gemm":
@@ -345,6 +359,97 @@ def fold_into(target: Target, model, graph, scale, shift, out, consumed: list) -
         node.outputs[0] = out
     else:
         node.outputs.append(out)
+
+
+def _channel_rows(target: Target, w: np.ndarray) -> np.ndarray:
+    """``w`` as ``[output channel, the weights of that channel]`` (the layouts of the table above)."""
+    if target.op == "Conv":
+        return w.reshape(w.shape[0], -1)
+    if target.op == "ConvTranspose":
+        group = int(attr(target.node, "group", 1))
+        view = w.reshape((group, w.shape[0] // group) + w.shape[1:])
+        return np.swapaxes(view, 1, 2).reshape(target.channels, -1)
+    if target.op == "Gemm" and attr(target.node, "transB", 0):
+        return w
+    return w.T  # Gemm, MatMul: B is [K, N]
+
+
+def _per_channel_rows(values, channels: int) -> np.ndarray:
+    """A bias (scalar, [C], [1, C], [M, C]) as ``[rows, C]`` in float64."""
+    v = np.asarray(values, np.float64)
+    return np.broadcast_to(v, np.broadcast_shapes(v.shape, (channels,))).reshape(-1, channels)
+
+
+def half_rounding(target: Target, scale, shift, out_shape, reach=None) -> MatchResult | None:
+    """The float16 check of a fold into ``target`` (:mod:`.fp16_guard`: the model, the error
+    ``ε_c`` and the spread ``σ_c`` per output channel): None when it may go ahead (or the layer
+    is not float16), else the failure with the reason."""
+    if not fp16_guard.is_half(target.weight.dtype):
+        return None
+    alpha = float(attr(target.node, "alpha", 1.0)) if target.op == "Gemm" else 1.0
+    rows = _channel_rows(target, target.weight.astype(np.float64))
+    s = np.ones(target.channels) if scale is None else np.asarray(scale, np.float64)
+    exact = rows * s[:, None]
+    delta2 = (fp16_guard.rounding_error(exact) ** 2).sum(axis=1) if scale is not None else 0.0
+    bias_tensor = target.bias_tensor
+    old = np.zeros(target.channels) if bias_tensor is None else _per_channel_rows(
+        const_value(bias_tensor) * (float(attr(target.node, "beta", 1.0)) if target.op == "Gemm" else 1.0),
+        target.channels)
+    new = folded_bias(target, scale, shift)
+    new = np.zeros((1, target.channels)) if new is None else _per_channel_rows(new, target.channels)
+    bias_error2 = (fp16_guard.rounding_error(new) ** 2).mean(axis=0)
+    norm2 = (rows ** 2).sum(axis=1)
+    error = np.sqrt(alpha ** 2 * delta2 + bias_error2
+                    + fp16_guard.UNIT ** 2 / 3 * s ** 2 * (alpha ** 2 * norm2 + (old ** 2).mean(axis=0)))
+    spread = abs(alpha) * np.sqrt((exact ** 2).sum(axis=1))
+    per_channel = fp16_guard.elements_per_channel(out_shape, target.channels)
+    return fp16_guard.check(new.mean(axis=0), spread, error, per_channel, reach)
+
+
+def smallest_output(graph: gs.Graph, tensor, shapes) -> int | None:
+    """The fewest elements of a graph output that ``tensor`` reaches (one sample; outputs with an
+    unknown dimension past the batch are left out; None when none is left): a later reduction
+    may mix the fold's channels into it. The walk stops at a :data:`BOUNDED` op: its output's
+    scale does not fall with its input's (a Softmax's largest value is at least 1/n, a
+    Sigmoid's is about 1/2 where its input is 0)."""
+    outputs = {id(t) for t in graph.outputs}
+    seen, todo, sizes = set(), [tensor], []
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        size = fp16_guard.known_elements(shapes.shape(t), strict=True) if id(t) in outputs else None
+        if size:  # 0: an empty output, nothing to judge
+            sizes.append(size)
+        todo.extend(out for node in t.outputs if not is_onnx_op(node, *BOUNDED) for out in node.outputs)
+    return min(sizes) if sizes else None
+
+
+BOUNDED = ("Softmax", "LogSoftmax", "Sigmoid", "HardSigmoid")
+
+
+def half_check(run: RuleRun, graph: gs.Graph, out, found: MatchResult, estimate, prefix: str) -> MatchResult:
+    """``found`` unless the float16 check ``estimate(out_shape, reach)`` (None or a failure)
+    fails; ``out``: the tensor the rewrite writes."""
+    shapes = run.ensure_shapes()
+    problem = estimate(shapes.shape(out), smallest_output(graph, out, shapes))
+    return found if problem is None else problem.prefixed(prefix)
+
+
+def guarded(plan, run: RuleRun, prefix: str):
+    """``plan`` (a :func:`apply_each` plan returning a :class:`FoldPlan`) followed by the
+    float16 check of :func:`half_rounding`, judged on the shape of the tensor the fold writes
+    (the node's output) and the smallest graph output it reaches; its failure is prefixed with
+    ``prefix``."""
+    def checked(node, graph, node_ids) -> MatchResult:
+        found = plan(node, graph, node_ids)
+        if not found.ok or not fp16_guard.is_half(found.value.target.weight.dtype):
+            return found
+        fold = found.value
+        return half_check(run, graph, node.outputs[0], found, partial(
+            half_rounding, fold.target, fold.scale, fold.shift), prefix)
+    return checked
 
 
 def _matmul_to_gemm(matmul, graph, model) -> gs.Node:

@@ -36,8 +36,10 @@ Steps:
 7. with ``bias_correction``: per-channel mean output shift of every Conv/Gemm measured and
    folded into its bias, and every layer's local error measured in the same run
    (:mod:`onnxslim_kit.passes.int8.correct`);
-8. with ``fallback`` and a ``target``: layers leave static int8 until the target holds on
-   the evaluation samples (the first ``eval_samples`` of the feed), down a *ladder* of rungs
+8. with ``fallback`` and a target (``ctx.fidelity``: the pipeline's ``--target`` share, or
+   the pass's own ``target=``; :mod:`onnxslim_kit.fidelity`): layers leave static int8 until
+   the candidate, judged view by view on the *held-out* samples against the original, uses
+   at most the budget fraction allowed (:mod:`onnxslim_kit.passes.int8.fallback`), down a *ladder* of rungs
    (``ladder``, default ``dynamic;weights``) before float: ``dynamic`` (MatMul / Gemm:
    DynamicQuantizeLinear + MatMulInteger, each input quantized over its own range at run
    time, fused by ORT into DynamicQuantizeMatMul), ``weights`` (float compute from int8
@@ -46,7 +48,9 @@ Steps:
    (:func:`._quant_fallback.choose_fallback`). Layers off static int8 read their float
    input; smoothed layers on ``weights`` or float get their original input and weight back.
    Measured (2026-11-29, s2): PP-OCRv4 det 10 float layers (0.54× the fp32 file) → 11 on
-   ``weights`` (0.30×), held-out worst cosine 0.9949 → 0.9935, latency not worse;
+   ``weights`` (0.30×), held-out worst cosine 0.9949 → 0.9935, latency not worse. The
+   report: ``target``, ``budget_used`` / ``budget_allowed`` (fractions of the target's loss
+   budget) and a note naming the binding view and the judged samples;
 9. with ``speed_check`` (opt-in: a timing-based decision would make the output depend on
    the machine's load, and deployment builds need the same output for the same input): the
    int8 candidate is timed against float in ORT; not faster by ``speed_margin`` → the model
@@ -66,7 +70,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxslim_kit.model import Model
-from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, pass_fidelity, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes._quant.maths import calib
@@ -82,11 +86,12 @@ from onnxslim_kit.passes.int8.fallback import (
     activations,
     choose_fallback,
     collect_trials,
+    ranking_fidelity,
     search_scope,
     trial_copy,
 )
 from onnxslim_kit.passes.int8.integer_io import make_integer_io
-from onnxslim_kit.passes.int8.options import check_ladder, check_target, parse_ladder, parse_target
+from onnxslim_kit.passes.int8.options import check_ladder, check_target, parse_ladder
 from onnxslim_kit.passes._quant.qdq import (
     RUNGS,
     activation_params,
@@ -156,10 +161,12 @@ class Int8Pass(Pass):
         "activations": Option(str, "uint8", "activation type", ("uint8", "int8")),
         "per_channel": Option(bool, True, "per-output-channel weight scales (needs opset ≥ 13)"),
         "calib_samples": Option(int, 0, "calibration samples to use (0: the whole feed)"),
-        "target": Option(str, "cos:0.99", "fidelity target cos:V or top1:V vs the original ('none': off); "
-                       "Softmax outputs over ≤ 32 classes must also keep their decisions to V", parse=check_target),
+        "target": Option(str, "", "fidelity target (cos:V, top1:V, rel:V, none); default: the pipeline's "
+                         "--target share (off / 0: none, as before)",
+                         parse=check_target),
         "fallback": Option(bool, True, "move the most sensitive layers back to float until the target holds"),
-        "eval_samples": Option(int, 8, "samples used to score the target and measure the bias correction"),
+        "eval_samples": Option(int, 8, "fit samples that measure the bias correction and the local "
+                               "sensitivities (the target is judged on the held-out samples)"),
         "cle": Option(bool, False, "cross-layer equalization of (Conv → Relu →) Conv pairs before calibration"),
         "smooth": Option(float, 0.5, "SmoothQuant α: move activation outliers of MatMul/Gemm inputs into "
                          "the weights (0: off)"),
@@ -171,7 +178,7 @@ class Int8Pass(Pass):
         "refine": Option(int, 8, "sensitivity=hybrid: layers re-scored end to end"),
         "gated_ranking": Option(bool, True, "sensitivity=e2e: rank from one session holding every layer's "
                                 "quantized twin behind a switch (instead of one build per layer; same ranking)"),
-        "rank_samples": Option(int, 1, "samples used to rank layers end to end (e2e, hybrid)"),
+        "rank_samples": Option(int, 1, "held-out samples used to rank layers end to end (e2e, hybrid)"),
         "ladder": Option(str, "dynamic;weights", "fallback rungs between static int8 and float, ';'-separated, "
                          "from int8 towards float: dynamic (MatMul/Gemm: DynamicQuantizeLinear + MatMulInteger), "
                          "weights (int8 weights, float compute; ORT folds them at load); 'none': straight to float",
@@ -201,7 +208,7 @@ class Int8Pass(Pass):
         opts = ctx.options
         if already_quantized(model, result):
             return result
-        target = parse_target(opts["target"])  # checked by resolve() already (the option hooks)
+        fid = pass_fidelity(ctx)  # the target share this pass holds, the held-out samples
         ladder = parse_ladder(opts["ladder"])
         for sub in list(model.all_graphs())[1:]:
             result.skip("layer in an If/Loop body (not calibrated)",
@@ -211,7 +218,7 @@ class Int8Pass(Pass):
         if not chosen:  # decided before any opset upgrade
             result.skipped.update(first_look.skipped)
             result.skip("no layer to quantize")
-            self._store_body_weights(model, ctx, target, result)
+            self._store_body_weights(model, ctx, fid, result)
             return result
         per_channel = self._prepare_opset(model, opts["per_channel"], result)
         if per_channel is None:
@@ -233,11 +240,11 @@ class Int8Pass(Pass):
         del kept  # the kept activations (up to KEEP_BYTES) are not needed past here: not held through the search
         result.metrics["seconds_calibration"] = time.perf_counter() - start  # the plan's time added next
         try:
-            return self._quantize(model, ctx, result, layers, stats, unsmoothed, per_channel, target, ladder)
+            return self._quantize(model, ctx, result, layers, stats, unsmoothed, per_channel, fid, ladder)
         finally:
             smooth_mod.realize(model.graph)  # smoothed weights still read (a layer kept float) get arrays
 
-    def _quantize(self, model, ctx, result, layers, stats, unsmoothed, per_channel, target, ladder) -> PassResult:
+    def _quantize(self, model, ctx, result, layers, stats, unsmoothed, per_channel, fid, ladder) -> PassResult:
         """Steps 6–10 on the calibrated (and smoothed) model."""
         opts = ctx.options
         start = time.perf_counter()
@@ -256,9 +263,10 @@ class Int8Pass(Pass):
         fixed = self._grouped(model, plan, opts["grouped"], result)
         enabled = {spec.name for spec in plan.layers} - set(fixed)
         rungs = self._rungs(plan, ladder)
-        if opts["fallback"] and target is not None and enabled:
+        result.metrics["target"] = str(fid.target)
+        if opts["fallback"] and fid.target.metric != "none" and enabled:
             start = time.perf_counter()
-            enabled, rungs = self._fallback(model, plan, enabled, rungs, target, ctx, result, sensitivity, fixed)
+            enabled, rungs = self._fallback(model, plan, enabled, rungs, fid, ctx, result, sensitivity, fixed)
             result.metrics["seconds_fallback"] = round(time.perf_counter() - start, 2)
         else:
             rungs = {}
@@ -271,22 +279,22 @@ class Int8Pass(Pass):
                             result)
         result.metrics["layers_int8"] = len(enabled)
         result.metrics["layers_float"] = len(plan.layers) - len(enabled) - len(rungs)
-        self._store_body_weights(model, ctx, target, result)
+        self._store_body_weights(model, ctx, fid, result)
         return result
 
-    def _store_body_weights(self, model, ctx, target, result) -> None:
+    def _store_body_weights(self, model, ctx, fid, result) -> None:
         """If/Loop/Scan body weights stored int8, float compute (:mod:`onnxslim_kit.passes.int8.bodies`), kept
         only when the whole model still meets the target."""
         if not ctx.options["bodies"]:
             return
         trial = PassResult()
         undo = store_body_weights(model, trial)
-        if undo and target is not None:
-            metric, value = target
-            score = Scorer(ctx.original, self._eval_samples(ctx), metric)(model.to_proto())
-            if score < value:
+        if undo and fid.target.metric != "none":
+            verdict = Scorer(fid)(model.to_proto()).verdict
+            if not fid.met(verdict):
                 restore_body_weights(undo)
-                result.skip(f"body weights kept float: int8 storage scores {metric} {score:.4f} < {value}", len(undo))
+                result.skip(f"body weights kept float: int8 storage uses {verdict.used * 100:.3g}% of the "
+                            f"{fid.target} budget ({verdict.binding}; {fid.allowed * 100:.3g}% allowed)", len(undo))
                 return
         for label, count in trial.rewrites.items():
             result.rewrite(label, count)
@@ -447,15 +455,14 @@ class Int8Pass(Pass):
                     else "grouped Conv kept float (grouped=float)", len(fixed))
         return fixed
 
-    def _fallback(self, model, plan, enabled, rungs, target, ctx, result, sensitivity, fixed=None) -> tuple:
+    def _fallback(self, model, plan, enabled, rungs, fid, ctx, result, sensitivity, fixed=None) -> tuple:
         """(layers left static int8, ``{layer: rung}`` of the layers on a ladder rung): the
-        smallest fallback that meets the target (:func:`._quant_fallback.choose_fallback`),
-        the layers of ``fixed`` (``{layer: choice}``) held at their choice."""
+        smallest fallback whose verdict on ``fid``'s held-out samples uses at most
+        ``fid.allowed`` of the budget (:func:`.fallback.choose_fallback`), the layers of
+        ``fixed`` (``{layer: choice}``) held at their choice."""
         fixed = fixed or {}
-        metric, value = target
-        samples = self._eval_samples(ctx)
         shared = SharedWeights(model.graph)
-        scorer = Scorer(ctx.original, samples, metric, shared)
+        scorer = Scorer(fid, shared)
 
         def build(assign: dict):
             collect_trials()
@@ -472,8 +479,8 @@ class Int8Pass(Pass):
             dense = sum(spec.op in ("MatMul", "Gemm") for spec in plan.layers)
             mode = "e2e" if 4 * dense >= len(plan.layers) else "hybrid"
         local = None if mode == "e2e" else (  # measured with the bias correction, or now
-            lambda: sensitivity or measure_twins(trial_copy(model), plan, samples, correct=False)[1])
-        ranker = scorer.head(max(1, ctx.options["rank_samples"]))
+            lambda: sensitivity or measure_twins(trial_copy(model), plan, self._eval_samples(ctx), correct=False)[1])
+        ranker = scorer.head(max(1, ctx.options["rank_samples"]), ranking_fidelity(fid))
         refine = ctx.options["refine"] if mode == "hybrid" else 0
 
         def gated(todo: list) -> dict:
@@ -487,18 +494,18 @@ class Int8Pass(Pass):
             ranker.builds += 1
             session = shared.session(trial.to_proto(), prepack=False)
             off = {g: np.array(False) for g in every.values()}
-            return {n: 1.0 - ranker.score_session(session, extra={**off, g: np.array(True)})
+            return {n: float(ranker.score_session(session, extra={**off, g: np.array(True)}))
                     for n, g in ctx.progress(gates.items(), desc="int8 sensitivity", total=len(gates))}
 
         with search_scope():
-            chosen, score, _ = choose_fallback(names, build, scorer, value, rungs, ctx.progress, ctx.log, local,
-                                               ranker, refine,
+            chosen, score, _ = choose_fallback(names, build, scorer, fid.allowed, rungs, ctx.progress, ctx.log,
+                                               local, ranker, refine,
                                                gated if ctx.options["gated_ranking"] and mode == "e2e" else None)
         on_rung = {n: c for n, c in chosen.items() if c in RUNGS}
         float_layers = [n for n, c in chosen.items() if c == "float"]
         result.metrics["sensitivity"] = mode
         result.skip("kept float for the fidelity target", len(float_layers))
-        result.metrics[f"target_{metric}"] = round(score, 6)
+        self._report_fidelity(result, fid, getattr(score, "verdict", None) or fid.judge(fid.reference))
         result.metrics["fallback_builds"] = scorer.builds + ranker.builds
         result.metrics["fallback_runs"] = scorer.runs + ranker.runs
         for rung in RUNGS:
@@ -508,3 +515,12 @@ class Int8Pass(Pass):
                 result.notes.append(f"{what} for the target: " + ", ".join(names_[:8])
                                     + (" …" if len(names_) > 8 else ""))
         return {n for n, c in chosen.items() if c == "int8"}, on_rung
+
+    @staticmethod
+    def _report_fidelity(result, fid, verdict) -> None:
+        """The verdict of the chosen fallback in the metrics and a note (what binds, on what)."""
+        result.metrics["budget_used"] = round(verdict.used, 4)
+        result.metrics["budget_allowed"] = round(fid.allowed, 4)
+        result.notes.append(f"fallback judged on {verdict.samples} {fid.judged_on or 'samples'}: {verdict.binding} "
+                            f"binds, {verdict.used * 100:.3g}% of the {fid.target} budget "
+                            f"({fid.allowed * 100:.3g}% allowed)")

@@ -1,20 +1,13 @@
 """Fidelity target and per-layer fallback of the ``int8`` pass.
 
-Target ``METRIC:VALUE`` (``cos:0.99`` or ``top1:0.99``), measured against the *original*
-model's outputs on the evaluation samples (ORT, optimisations off):
-
-* ``cos``  — the worst cosine similarity over outputs and samples;
-* ``top1`` — the argmax agreement over all rows of all samples, worst output (outputs
-  without a class axis are judged by cosine instead).
-
-Either way, an output made by a ``Softmax`` over at most ``DECISION_CLASSES`` classes (a
-classifier's probabilities, a detector's per-pixel class map; through ``Identity``) must
-also keep its *decisions*: the argmax over the Softmax's axis (not necessarily the last),
-scored as the agreement on the rows that are not plain background — rows where the
-reference or the candidate decides a class other than the reference's most frequent one —
-so a rare class's flips are not drowned by the easy majority. Measured on MTCNN P-Net (8
-calibration samples, int8 everywhere): per-pixel argmax agreement 0.9994 and cosine 0.99
-while 20 of 85 face pixels flipped (the suite's face-mask IoU 0.82).
+A candidate is judged by the fidelity contract (:mod:`onnxslim_kit.fidelity`): its outputs on
+the *held-out* samples ``fid.samples`` (never the samples it was calibrated on) against the
+*original* model's ``fid.reference``, view by view (each output on its own scale, each branch
+of a concatenated head on its own, the decisions of Softmax / Sigmoid heads, integer outputs
+exactly). A candidate's *score* is the budget fraction it uses, ``u = verdict.used`` (0: the
+original's outputs; 1: all of the target's loss budget); it is accepted when
+``u ≤ fid.allowed``, the share of the budget the pipeline left this pass (1 under the pass's
+own ``target=``). Lower is better everywhere below.
 
 Search (each step builds the model with a set of int8 layers and scores it):
 
@@ -23,27 +16,31 @@ Search (each step builds the model with a set of int8 layers and scores it):
 
    * ``local``: the relative squared error ``s_l`` of each layer quantized alone, measured
      with the bias correction (one run of the float model carrying a fake-quantized twin of
-     every layer, :mod:`onnxslim_kit.passes.int8.correct`) — how much 8 bits hurt the layer itself, free but
-     a coarse ranking (it ignores how the error grows downstream: with 1 − cos as the local
-     error, PP-OCRv4 rec sent 33 layers back to float where e2e sent 3);
-   * ``e2e``: each layer alone in int8, ``s_l = 1 − score`` at the outputs — the best
-     ranking; with ``gated_ranking`` (default) from *one* session holding every layer's
-     fake-quantized twin behind a bool input (``Where``), one run per layer with its switch
-     on (:func:`._quant_qdq.add_gated_twins`; the same ranking as one build per layer, to
-     1e-5, on PP-OCRv4 det and MiniLM; MiniLM 66 → 17 builds), else one build per layer;
+     every layer on the fit samples, :mod:`onnxslim_kit.passes.int8.correct`) — how much 8 bits
+     hurt the layer itself, free but a coarse ranking (it ignores how the error grows
+     downstream: with 1 − cos as the local error, PP-OCRv4 rec sent 33 layers back to float
+     where e2e sent 3);
+   * ``e2e``: each layer alone in int8, ``s_l = u`` at the outputs — the best ranking; with
+     ``gated_ranking`` (default) from *one* session holding every layer's fake-quantized twin
+     behind a bool input (``Where``), one run per layer with its switch on
+     (:func:`._quant_qdq.add_gated_twins`; the same ranking as one build per layer, to 1e-5,
+     on PP-OCRv4 det and MiniLM; MiniLM 66 → 17 builds), else one build per layer;
    * ``hybrid``: the local ranking, then the ``refine`` most locally sensitive layers are
      re-scored end to end and put first in that order (``refine`` sessions);
    * ``auto`` (default, decided in ``int8.py``): e2e when at least a quarter of the layers
      are MatMul/Gemm, else hybrid. Measured (2026-11-29, loaded machine, noisy times):
      PP-OCRv4 det hybrid 10 float layers in 17 s vs e2e 7 in 44 s (same box agreement);
      MiniLM hybrid sent nearly every layer to float (int8 then no faster: kept float)
-     where e2e kept 27 of 50 in int8 at 0.87× the float latency;
+     where e2e kept 27 of 50 in int8 at 0.87× the float latency.
 
+   The end-to-end ranking judges on the first ``rank_samples`` held-out samples, with the
+   target's metric — but a ``top1`` or ``metric`` target ranks by ``cos`` of the same value:
+   one layer alone rarely flips a decision, so agreements tie and cannot rank;
 3. the ladder search of :func:`choose_fallback`: the shallowest level of the ladder
    (``int8 → rung₁ → … → float``) that meets the target with every layer at it, then, level
    by level back towards int8, the fewest most sensitive layers that must stay at each
    level (doubling ``k = 1, 2, 4, …``, then a bisection). Without rungs: the ``k`` most
-   sensitive layers go float. All layers float is the float model itself (score 1, not
+   sensitive layers go float. All layers float is the float model itself (``u = 0``, not
    run), so the search always ends.
 
 Scoring runs the first sample alone and, when the samples are small (≤ 1 MB of inputs),
@@ -51,11 +48,20 @@ stack along a free batch axis and give the original model's per-sample outputs w
 batched, the rest in batches of ``BATCH_SAMPLES`` (per-run overhead dominates small models; not for
 candidates with DynamicQuantizeLinear, whose range spans the batch).
 
-The search only needs *pass / fail* at each ``k``, so a trial stops at the first sample
-that proves failure: the score can only fall with more samples (``cos``: a minimum), or
-for ``top1`` the agreement cannot reach the target even if all remaining rows agree::
+The search only needs *pass / fail*, so a trial stops as soon as the samples seen prove
+failure. After each sample, that sample alone is judged: the worst cosine (a minimum over the
+samples) and the worst relative error (a maximum) seen so far can only get worse with more
+samples, so the budget fraction they use is a lower bound of the final ``u``::
 
-    bound = (Σ_seen agree·rows + rows_remaining) / rows_total  <  target  ⇒  fail
+    u_cos/rel(samples seen)  >  allowed   ⇒  fail
+
+Decision agreements are pooled over the samples (``Σ hits / Σ counted``). They are bounded
+once, after the first sample (where a failing candidate mostly fails), by judging it with the
+samples not run yet *completed by the reference itself*: an agreement is at its best when
+each remaining sample adds exactly its reference's decisions, all agreeing (a sample's hits ≤
+its reference count ≤ its counted, and ``(h + a) / (c + a)`` is the largest such ratio). That
+judges every sample once more, so it is not repeated; a user ``metric:V`` has no bound and
+runs every sample. Only a trial that ran every sample gets a verdict.
 """
 
 from __future__ import annotations
@@ -70,12 +76,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
-from onnxslim_kit.metrics import compare
 from onnxslim_kit.runtime import (
     EXTERNAL_FOLDER,
     add_outputs,
     give_back,
     make_session,
+    map_anchored,
     prepare_feed,
     session_options,
 )
@@ -84,7 +90,6 @@ from onnxslim_kit.streaming import set_location
 
 from onnxslim_kit.passes._quant.smooth import is_lazy
 
-DECISION_CLASSES = 32  # Softmax outputs over at most this many classes are also judged by their decisions
 BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run batched ...
 BATCH_SAMPLES = 2  # ... this many at a time (MiniLM, during a run: 7 samples +40 MB, 4 +24, 2 +14; 105 → 108 runs)
 BATCH_COUPLED = {"DynamicQuantizeLinear"}  # ops whose result for one sample depends on the others
@@ -99,20 +104,6 @@ def run(session, sample: dict) -> dict:
         give_back()
 
 
-def fast_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """:func:`onnxslim_kit.metrics.cosine` with ``einsum`` sums instead of BLAS dot products
-    (equal to ~1e-15; BLAS threads on a loaded 2-core machine made each call on a detector's
-    output 85 ms, this one 16 ms)."""
-    a = np.asarray(a, dtype=np.float64).ravel()
-    b = np.asarray(b, dtype=np.float64).ravel()
-    na, nb = np.einsum("i,i->", a, a), np.einsum("i,i->", b, b)
-    if na == 0 and nb == 0:
-        return 1.0
-    if na == 0 or nb == 0:
-        return 0.0
-    return float(np.einsum("i,i->", a, b) / np.sqrt(na * nb))
-
-
 class SharedWeights:
     """Large constants handed to ORT as in-memory arrays instead of through the trial proto.
 
@@ -125,9 +116,10 @@ class SharedWeights:
     trial) one per trial.
 
     Measured on ORT 1.32 (100 MB MatMul weight, RSS per session): ``add_external_initializers``
-    copies the array (+100 MB); ``add_initializer`` does not. MatMul's pre-packing still makes
-    a packed copy of a constant float weight (``session.disable_prepacking`` would save it,
-    but MLAS then rounds differently: other scores, another search result — left on). The
+    copies the array (+100 MB); ``add_initializer`` does not. MatMul's pre-packing would make
+    a packed copy of a constant float weight: the calibration and scoring sessions turn it off
+    (``prepack=False``, all of them, since MLAS rounds the two paths differently). Weights left
+    on disk are handed over the same way, as file maps (:func:`~onnxslim_kit.runtime.map_anchored`). The
     stubs name a sparse file of zeros (ORT checks that an external tensor's file exists and
     is long enough; the initializer given replaces it unread).
     """
@@ -184,17 +176,16 @@ class SharedWeights:
             init.dims.extend(entry[0].shape)
             set_location(init, STAND_IN, 0, entry[0].nbytes)
             used.append(init.name)
-        so = session_options("disable", threads)
-        if not prepack:
-            so.add_session_config_entry("session.disable_prepacking", "1")
+        given = {**{n: self.pending[n] for n in used}, **map_anchored(proto, STAND_IN)}  # + weights left on disk
+        so = session_options("disable", threads, prepack)
         so.enable_cpu_mem_arena = False  # the arena keeps each run's peak for the session's life (MiniLM gated
         # ranking: +160 MB held over 47 runs); without it intermediates go back as they are freed
-        if used:
-            so.add_session_config_entry(EXTERNAL_FOLDER, self._stand_in(max(self.pending[n][0].nbytes for n in used)))
-            for name in used:
-                so.add_initializer(name, self.pending[name][1])
+        if given:
+            so.add_session_config_entry(EXTERNAL_FOLDER, self._stand_in(max(a.nbytes for a, _ in given.values())))
+            for name, (_, value) in given.items():
+                so.add_initializer(name, value)
         session = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        session.slim_arrays = self.pending  # ORT reads these buffers in place: alive as long as the session
+        session.slim_arrays = {**self.pending, **given}  # ORT reads these buffers in place: alive with the session
         self.pending = {}
         give_back()
         return session
@@ -268,7 +259,7 @@ def activations(model, names: list, samples, lazy: bool = False, threads: int = 
     shared.strip(trial.graph)
     proto = trial.to_proto()
     add_outputs(proto, names)  # a fresh proto without the shared weights: no copy needed
-    session = shared.session(proto, threads=threads)
+    session = shared.session(proto, prepack=False, threads=threads)
     wanted = list(dict.fromkeys(names))
     keep = set(wanted)
     for sample in samples:
@@ -285,23 +276,55 @@ def activations(model, names: list, samples, lazy: bool = False, threads: int = 
     give_back()
 
 
-class Scorer:
-    """Scores candidate protos against the reference outputs on fixed samples."""
+class Used(float):
+    """A budget fraction ``u`` (a float, compared as one) with the verdict it came from (None
+    for a bound from an early stop)."""
 
-    def __init__(self, original, samples: list, metric: str, shared: SharedWeights | None = None):
-        self.samples = samples
-        self.metric = metric
+    verdict = None
+
+    @classmethod
+    def of(cls, verdict) -> "Used":
+        out = cls(verdict.used)
+        out.verdict = verdict
+        return out
+
+
+def ranking_fidelity(fid):
+    """``fid`` with the target the ranking judges by (see the module docstring)."""
+    from onnxslim_kit.api import Target
+
+    if fid.target.metric in ("top1", "metric"):
+        return replace(fid, target=Target("cos", fid.target.value), metric=None)
+    return fid
+
+
+class Scorer:
+    """Judges candidate protos on the held-out samples of ``fid`` (a
+    :class:`onnxslim_kit.api.Fidelity`): the budget fraction each uses (:class:`Used`)."""
+
+    def __init__(self, fid, shared: SharedWeights | None = None):
+        self.fid = fid
+        self.samples = list(fid.samples)
+        self.reference = fid.reference
+        self.runtime = fid.runtime
         self.shared = shared
-        session = make_session(original, threads=1)
-        self.reference = [run(session, s) for s in samples]
-        self.names = [n for n, v in self.reference[0].items() if np.asarray(v).dtype.kind == "f"]
-        self.decisions = reference_decisions(original, self.reference)
-        self.rows = [int(np.prod(np.shape(self.reference[0][n])[:-1])) or 1 for n in self.names]
         self.builds = 0
         self.runs = 0
-        self.batch = self._stack(samples[1:])
-        if self.batch is not None and not self._batch_agrees(session):
-            self.batch = None
+        self.bounded, self.pooled = self._bounds(fid)
+        self.batch = self._stack(self.samples[1:])
+        if self.batch is not None:
+            session = make_session(fid.original, threads=1, prepack=False)  # does a batch give each sample's?
+            if not self._batch_agrees(session):
+                self.batch = None
+            del session
+            give_back()
+
+    @staticmethod
+    def _bounds(fid) -> tuple:
+        """Whether a trial judged by ``fid`` is bounded after each sample (cosine, relative
+        error) and whether after the first one by its pooled decisions (module docstring)."""
+        return (fid.target.metric in ("cos", "rel"),
+                fid.target.metric in ("cos", "top1") and any(view.decides for view in fid.views))
 
     def _batch_agrees(self, session) -> bool:
         """Whether the original model run on the batch gives each sample's own outputs (a
@@ -321,11 +344,15 @@ class Scorer:
                     return False
         return True
 
-    def head(self, n: int) -> "Scorer":
-        """A scorer on the first ``n`` samples, sharing the reference outputs (no new runs)."""
+    def head(self, n: int, fid=None) -> "Scorer":
+        """A scorer on the first ``n`` samples (judged by ``fid``'s target, default this one's),
+        sharing the reference outputs (no new runs)."""
         other = object.__new__(Scorer)
-        other.__dict__.update(self.__dict__, samples=self.samples[:n], reference=self.reference[:n], builds=0, runs=0,
+        fid = fid or self.fid
+        other.__dict__.update(self.__dict__, fid=fid, samples=self.samples[:n], reference=self.reference[:n],
+                              runtime=self.runtime[:n] if self.runtime is not None else None, builds=0, runs=0,
                               batch=self._stack(self.samples[1:n]) if self.batch is not None else None)
+        other.bounded, other.pooled = self._bounds(fid)
         return other
 
     @staticmethod
@@ -369,131 +396,68 @@ class Scorer:
             self.runs += 1
             yield i, run(session, feed(self.samples[i]))
 
-    def __call__(self, proto, stop_below: float | None = None) -> float:
-        """The score of ``proto``; with ``stop_below``, a bound ``< stop_below`` as soon as
-        the samples seen prove the final score would be below it."""
+    def __call__(self, proto, stop_above: float | None = None) -> Used:
+        """The budget fraction ``proto`` uses; with ``stop_above``, a lower bound
+        ``> stop_above`` as soon as the samples seen prove the final one would exceed it."""
         self.builds += 1
         # DynamicQuantizeLinear takes its range over the whole tensor: a batch would change it
         batch = not any(node.op_type in BATCH_COUPLED for node in proto.graph.node)
-        session = self.shared.session(proto) if self.shared is not None else make_session(proto, threads=1)
+        session = (self.shared.session(proto, prepack=False) if self.shared is not None
+                   else make_session(proto, threads=1, prepack=False))
         try:
-            return self.score_session(session, stop_below, batch=batch)
+            return self.score_session(session, stop_above, batch=batch)
         finally:
             del session  # the trial's weights (ORT's copy) go before the next build
             give_back()
 
-    def score_session(self, session, stop_below: float | None = None, extra: dict | None = None,
-                      batch: bool = True) -> float:
-        """:meth:`__call__` on a ready session; ``extra`` is added to every sample's feed;
-        ``batch=False``: one run per sample even when the samples stack."""
-        state = {n: [] for n in self.names}  # per output: per-sample cos, or (agree, rows)
-        for i, got in self._outputs(session, extra, batch):
-            ref = self.reference[i]
-            for name in self.names:
-                if name in got:
-                    state[name].append(self._sample_score(ref[name], got[name]))
-                    if name in self.decisions:
-                        state.setdefault((name, "decisions"), []).append(
-                            decision_agreement(self.decisions[name], ref[name], got[name]))
-            bound = self._bound(state, len(self.samples) - i - 1)
-            if stop_below is not None and bound < stop_below:
-                return bound
-        return self._bound(state, 0)
-
-    def _sample_score(self, ref, got):
-        if self.metric == "top1":
-            agree = compare(ref, got).top1
-            if agree is not None:
-                return agree, int(np.prod(np.shape(ref)[:-1])) or 1
-        finite = np.isfinite(ref)
-        return fast_cosine(ref, got) if finite.all() else fast_cosine(ref[finite], got[finite])
-
-    def _bound(self, state: dict, remaining: int) -> float:
-        """Upper bound of the final score given the samples seen (exact when none remain)."""
-        scores = []
-        for values in state.values():
-            if not values:
+    def score_session(self, session, stop_above: float | None = None, extra: dict | None = None,
+                      batch: bool = True) -> Used:
+        """:meth:`__call__` on a ready session; ``extra`` is added to every sample's feed (and
+        its outputs are not judged); ``batch=False``: one run per sample even when the samples
+        stack."""
+        names = set(self.reference[0]) if self.reference else set()
+        got, worst = [], {}
+        for i, outputs in self._outputs(session, extra, batch):
+            got.append({k: v for k, v in outputs.items() if k in names})
+            if stop_above is None or i + 1 == len(self.samples):
                 continue
-            if isinstance(values[0], tuple) and len(values[0]) == 3:  # (agreeing, counted, rows)
-                extra = remaining * values[0][2]  # at best every remaining row counts and agrees
-                counted = sum(n for _, n, _ in values) + extra
-                scores.append((sum(a for a, _, _ in values) + extra) / counted if counted else 1.0)
-            elif isinstance(values[0], tuple):
-                seen = sum(rows for _, rows in values)
-                total = seen + remaining * values[0][1]
-                scores.append((sum(a * rows for a, rows in values) + remaining * values[0][1]) / total)
-            else:
-                scores.append(min(values))
-        return float(min(scores)) if scores else 1.0
+            bound = self._bound(worst, got[-1], i) if self.bounded else 0.0
+            if i == 0 and self.pooled and bound <= stop_above:  # the decisions too, once
+                bound = self.judge(got + self.reference[1:]).used
+            if bound > stop_above:
+                return Used(bound)
+        return Used.of(self.judge(got))
 
+    def _bound(self, worst: dict, outputs: dict, i: int) -> float:
+        """The budget fraction the worst cosine and relative error seen so far use (``worst``:
+        metric → loss, updated with sample ``i``): a lower bound of the final one."""
+        one = self.fid.judge([outputs], reference=[self.reference[i]],
+                             runtime=[self.runtime[i]] if self.runtime is not None else None)
+        for score in one.scores:
+            if score.cosine is not None:
+                worst["cos"] = max(worst.get("cos", 0.0), 1.0 - score.cosine)
+            if score.rel is not None:
+                worst["rel"] = max(worst.get("rel", 0.0), score.rel)
+        return self.fid.target.used(worst)
 
-def class_axes(model) -> dict:
-    """``{graph output: (axis, flatten)}`` of the outputs made by a Softmax (through
-    ``Identity``): the class axis, and whether the classes are the flattened dims from it on
-    (opset < 13 Softmax coerces its input to 2-D at ``axis``)."""
-    graph = model.graph
-    made_by = {o: n for n in graph.node for o in n.output}
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    found = {}
-    for out in graph.output:
-        node = made_by.get(out.name)
-        while node is not None and node.op_type == "Identity":
-            node = made_by.get(node.input[0])
-        if node is None or node.op_type != "Softmax":
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
-        found[out.name] = (axis, opset < 13)
-    return found
-
-
-def class_decisions(value, axis: int, flatten: bool):
-    """Argmax over the class axis, one decision per row; None when the classes are too many
-    (or the axis is not there)."""
-    value = np.asarray(value)
-    if not -value.ndim <= axis < value.ndim:
-        return None
-    axis %= value.ndim
-    rows = value.reshape(int(np.prod(value.shape[:axis])), -1) if flatten else np.moveaxis(value, axis, -1)
-    if not 1 < rows.shape[-1] <= DECISION_CLASSES:
-        return None
-    return rows.reshape(-1, rows.shape[-1]).argmax(-1)
-
-
-def reference_decisions(original, reference: list) -> dict:
-    """``{output: (axis, flatten, background class)}`` of the reference outputs judged by
-    their decisions too (:func:`class_axes`); the background is the class the reference
-    decides most often over all samples."""
-    found = {}
-    for name, (axis, flatten) in class_axes(original).items():
-        decided = [class_decisions(ref[name], axis, flatten) for ref in reference if name in ref]
-        if decided and all(d is not None for d in decided):
-            found[name] = (axis, flatten, int(np.bincount(np.concatenate(decided)).argmax()))
-    return found
-
-
-def decision_agreement(spec: tuple, ref, got) -> tuple:
-    """``(agreeing, counted, rows)`` of one sample: the rows where the reference or the
-    candidate decides a class other than the background, how many of those agree, all rows."""
-    axis, flatten, background = spec
-    a, b = class_decisions(ref, axis, flatten), class_decisions(got, axis, flatten)
-    if a is None or b is None or a.shape != b.shape:
-        return 0, 1, 1  # the candidate lost the class axis: a failure
-    counted = (a != background) | (b != background)
-    return int((counted & (a == b)).sum()), int(counted.sum()), int(a.size)
+    def judge(self, got: list):
+        """The verdict on the outputs ``got``, one dict per sample (for a bound, the samples
+        not run yet completed by the reference itself)."""
+        return self.fid.judge(got, reference=self.reference, runtime=self.runtime)
 
 
 def rank_layers(names: list, build_one, rank_score, progress=lambda it, **_: it, local=None,
                 refine: int | None = None, gated=None) -> tuple:
     """(names most sensitive first, sensitivities): ``local()`` gives local sensitivities
-    (None: every layer alone in int8, ``build_one(name)``, scored end to end by ``rank_score``); with ``local`` and
-    ``refine``, the ``refine`` most locally sensitive are re-scored end to end and put first.
+    (None: every layer alone in int8, ``build_one(name)``, its budget fraction ``rank_score(proto)`` end to
+    end); with ``local`` and ``refine``, the ``refine`` most locally sensitive are re-scored end to end and put first.
     ``gated(names) -> {name: sensitivity}`` scores many layers from one session (the layers
     it leaves out get their own build)."""
     sens = local() if local is not None else {}
     order = sorted(names, key=lambda n: -sens.get(n, 0.0))
     todo = names if local is None else order[: refine or 0]
     e2e = gated(todo) if gated is not None and todo else {}
-    e2e.update({name: 1.0 - rank_score(build_one(name))
+    e2e.update({name: float(rank_score(build_one(name)))
                 for name in progress([n for n in todo if n not in e2e], desc="int8 sensitivity")})
     head = sorted(e2e, key=lambda n: -e2e[n])
     return head + [n for n in order if n not in e2e], {**sens, **e2e}
@@ -518,31 +482,33 @@ def smallest_k(m: int, ok) -> int:
     return k_ok
 
 
-def choose_fallback(names: list, build, score, target: float, options: dict | None = None,
+def choose_fallback(names: list, build, score, allowed: float, options: dict | None = None,
                     progress=lambda it, **_: it, log=None, local=None, rank_score=None,
                     refine: int | None = None, gated=None) -> tuple:
-    """The smallest fallback (most sensitive layers first, deepest first) with ``score ≥ target``.
+    """The smallest fallback (most sensitive layers first, deepest first) that uses at most
+    ``allowed`` of the budget.
 
     ``options``: ``{layer: [rung, …]}``, the fallback rungs of each layer between static int8
     and float, in order (default none: int8 or float). A layer at *level* ``d`` takes its
     ``d``-th choice of ``["int8", *rungs, "float"]`` (clipped at float). ``build(assign) ->
-    proto`` with ``assign = {layer: choice}`` (missing: float); ``score(proto, stop_below)``
-    (see :class:`Scorer`). Over the ranking of :func:`rank_layers`:
+    proto`` with ``assign = {layer: choice}`` (missing: float); ``score(proto, stop_above)``
+    the budget fraction it uses (see :class:`Scorer`). Over the ranking of :func:`rank_layers`:
 
     1. ``d``: the smallest level that meets the target with *every* layer at it (every layer
-       float meets it exactly: not run);
+       float uses nothing: not run);
     2. for ``level = d, d − 1, …, 1``: the layers not yet fixed are at ``level``; the smallest
        ``j`` such that the ``j`` most sensitive of them stay there and the others move one
        level up (towards int8) still meets the target; those ``j`` are fixed.
 
     Without rungs this is the plain search for the ``k`` most sensitive layers to keep float.
-    Returns (``{layer: choice}``, final score, sensitivities).
+    Returns (``{layer: choice}``, its score — what ``score`` returned, 0.0 when every layer is
+    float —, sensitivities).
     """
     rank_score = rank_score or score
     choices = {n: ["int8", *[r for r in (options or {}).get(n, ()) if r != "float"], "float"] for n in names}
     n = len(names)
-    full = score(build({name: "int8" for name in names}), target)
-    if full >= target:
+    full = score(build({name: "int8" for name in names}), allowed)
+    if full <= allowed:
         return {name: "int8" for name in names}, full, {}
     order, sens = rank_layers(names, lambda name: build({name: "int8"}), rank_score, progress, local, refine, gated)
     cache = {}
@@ -550,23 +516,23 @@ def choose_fallback(names: list, build, score, target: float, options: dict | No
     def assign(levels) -> dict:
         return {name: choices[name][min(lv, len(choices[name]) - 1)] for name, lv in zip(order, levels)}
 
-    def value(levels) -> float:
+    def value(levels):
         key = tuple(levels)
         if key not in cache:
             chosen = assign(levels)
-            cache[key] = 1.0 if all(c == "float" for c in chosen.values()) else score(build(chosen), target)
+            cache[key] = 0.0 if all(c == "float" for c in chosen.values()) else score(build(chosen), allowed)
         return cache[key]
 
     depth = max(len(c) for c in choices.values()) - 1
-    d = next(lv for lv in range(1, depth + 1) if lv == depth or value([lv] * n) >= target)
+    d = next(lv for lv in range(1, depth + 1) if lv == depth or value([lv] * n) <= allowed)
     levels, start = [d] * n, 0
     for level in range(d, 0, -1):
         def trial(j, level=level, start=start, fixed=tuple(levels)):
             return list(fixed[:start + j]) + [level - 1] * (n - start - j)
-        if level < d and value(trial(0)) >= target:
+        if level < d and value(trial(0)) <= allowed:
             j = 0
         else:
-            j = smallest_k(n - start, lambda j, trial=trial: value(trial(j)) >= target) if start < n else 0
+            j = smallest_k(n - start, lambda j, trial=trial: value(trial(j)) <= allowed) if start < n else 0
         levels, start = trial(j), start + j
     chosen = assign(levels)
     if log:

@@ -1,47 +1,44 @@
 """The ``int8`` pass's option mini-languages, read before any pass runs (Option ``parse`` hooks).
 
-* ``target``: ``METRIC:VALUE`` with ``METRIC ∈ {cos, top1}`` and ``0 < VALUE ≤ 1`` (the
-  fidelity target against the original; ``none`` / ``off`` / empty: no target) →
-  ``(metric, value)`` or None;
+* ``target``: the fidelity target (:mod:`onnxslim_kit.fidelity`: ``cos:V``, ``top1:V``,
+  ``rel:V``, ``none``; ``cos:1`` / ``top1:1``: nothing may change; empty: the pipeline's
+  ``--target`` share). The older int8 spellings still read: ``off`` and ``0`` as ``none``;
 * ``ladder``: fallback rungs between static int8 and float, ``;``-separated, from int8 towards
   float, each in :data:`onnxslim_kit.passes._quant.qdq.RUNGS` (``none`` / ``float`` / empty
   ignored) → a list;
 * ``include`` / ``exclude``: :class:`onnxslim_kit.selection.Selector` texts (their own hook).
 
 The hooks :func:`check_target` and :func:`check_ladder` return the canonical *text* (so the
-report and a replayed recipe hold what the user wrote); the pass reads it again with
-:func:`parse_target` / :func:`parse_ladder`, which cannot fail then.
+report and a replayed recipe hold it; the pipeline reads the target text itself,
+:meth:`onnxslim_kit.fidelity.Fidelity.for_pass`); the pass reads the ladder again with
+:func:`parse_ladder`, which cannot fail then.
 """
 
 from __future__ import annotations
 
+from onnxslim_kit.api import check_target as fidelity_check_target
 from onnxslim_kit.errors import UserError
 
 from onnxslim_kit.passes._quant.qdq import RUNGS
 
-METRICS = ("cos", "top1")
-OFF = ("", "none", "off")
-
-
-def parse_target(text: str, where: str = "int8(target=...)"):
-    """``"cos:0.99"`` → ("cos", 0.99); empty / ``none`` / ``off`` → None."""
-    text = (text or "").strip()
-    if text in OFF:
-        return None
-    metric, _, value = text.partition(":")
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if metric not in METRICS or number is None or not 0 < number <= 1:
-        raise UserError(f"{where}: {text!r}: expected cos:VALUE or top1:VALUE with 0 < VALUE ≤ 1, or none")
-    return metric, number
+OFF = ("off",)  # and any number equal to 0
 
 
 def check_target(text: str, where: str = "int8(target=...)") -> str:
-    """Option hook: the stripped text, once :func:`parse_target` reads it."""
-    parse_target(text, where)
-    return text.strip()
+    """Option hook: the target text in the fidelity syntax (:func:`onnxslim_kit.api.check_target`;
+    empty stays empty: the pipeline's share), the older spellings mapped (module docstring)."""
+    raw = str(text or "").strip()
+    if raw.lower() in OFF or _is_number(raw) and float(raw) == 0:
+        return "none"
+    return fidelity_check_target(raw, where)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_ladder(text: str, where: str = "int8(ladder=...)") -> list:

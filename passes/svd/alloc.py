@@ -16,9 +16,10 @@ So:
    calibration sentences, 0.58 on other sentences).
 2. **Allocation.** Losses of small perturbations add up, so for a price ``λ`` each layer takes
    the grid rank minimising ``loss − λ · FLOPs saved`` (or stays whole); larger ``λ`` saves
-   more. The allocations of ``LAMBDAS`` prices are ordered by saving and the largest one whose
-   *measured* worst output cosine (factors fitted on all statistics, the pass's check samples)
-   holds the target is found by bisection.
+   more. The allocations of ``LAMBDAS`` prices are ordered by saving and the largest one the
+   fidelity contract accepts (factors fitted on all statistics; its outputs on the pipeline's
+   judged samples, view by view against the original: budget fraction ``u ≤ allowed``,
+   :mod:`onnxslim_kit.fidelity`) is found by bisection.
 
 **Spectrum** (``alloc=spectrum``, the default): step 1 costs one ONNX Runtime trial per layer
 instead of one per rank and half. A layer's relative output error at rank ``r`` is
@@ -57,7 +58,8 @@ MAX_SCALE_SAMPLES = 16  # samples for the spectrum's one measured trial per laye
 
 
 class Probe:
-    """Trials of factorised weights against the unmodified model on fixed samples.
+    """Trials of factorised weights against the unmodified model on fixed (fit) samples, and
+    the outputs of a whole allocation on other samples (:meth:`outputs`, the judged ones).
 
     A layer's trials share one session in which that layer's weight alone is a graph input
     (the others stay initializers: ORT pre-packs constant MatMul weights; with every weight an
@@ -103,10 +105,10 @@ class Probe:
         session = self._variant({}, as_input=name)
         return [float(np.mean(self._losses(session, which, {name: v}))) for v, which in trials]
 
-    def losses(self, replace: dict, which: list) -> np.ndarray:
-        """``1 − cos`` per sample of ``which`` with ``replace`` ({layer: weight tensor}) baked in."""
+    def outputs(self, replace: dict, samples: list) -> list:
+        """The outputs on ``samples`` with ``replace`` ({layer: weight tensor}) baked in."""
         session = self._variant({layer.node.inputs[1].name: v for layer, v in replace.items()})
-        return self._losses(session, which, {})
+        return [run(session, sample) for sample in samples]
 
 
 @dataclass(eq=False)
@@ -180,29 +182,32 @@ def allocations(cands: list) -> list:
     return [pick for _s, pick in sorted(found.values(), key=lambda t: t[0]) if pick]
 
 
-def choose(probe: Probe, cands: list, check: list, target: float) -> tuple:
-    """``(allocation, measured worst cosine)``: the largest-saving allocation whose full-data
-    factors hold ``target`` on the ``check`` sample indices (bisection; ``({}, 1.0)`` if none)."""
+def choose(probe: Probe, cands: list, fid) -> tuple:
+    """``(allocation, its verdict)``: the largest-saving allocation whose full-data factors
+    ``fid`` accepts on ``fid.samples`` (bisection; ``{}`` — the model unchanged — if none does).
+    Without a target (``fid`` None): the largest-saving allocation, unjudged (verdict None)."""
     options = allocations(cands)
+    if fid is None:
+        return (options[-1] if options else {}), None
     by_id = {id(c): c for c in cands}
 
-    def measure(pick: dict) -> float:
+    def measure(pick: dict):
         replace = {}
         for key, r in pick.items():
             c = by_id[key]
             a, b = c.full.factors(r)
             replace[c.layer] = weight_value(c.layer, a @ b)
-        return 1.0 - float(np.max(probe.losses(replace, check)))
+        return fid.judge(probe.outputs(replace, fid.samples))
 
-    good, good_cos, lo, hi = {}, 1.0, -1, len(options)
+    good, good_verdict, lo, hi = {}, None, -1, len(options)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        cos = measure(options[mid])
-        if cos >= target:
-            lo, good, good_cos = mid, options[mid], cos
+        verdict = measure(options[mid])
+        if fid.met(verdict):
+            lo, good, good_verdict = mid, options[mid], verdict
         else:
             hi = mid
-    return good, good_cos
+    return good, good_verdict if good_verdict is not None else measure({})
 
 
 def weight_value(layer, matrix: np.ndarray) -> np.ndarray:

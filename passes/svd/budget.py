@@ -4,9 +4,9 @@ or estimated loss per rank, the chosen allocation applied.
 A candidate is a non-batched layer with statistics split in two halves (cross-fitting) and at
 least one grid rank that is faster (:func:`.speed.decide`). For each, ``loss(r)`` is estimated
 (``spectrum``: cross-fitted whitened spectrum × one measured transfer factor) or measured
-(``sensitivity``) on the calibration samples; :func:`.alloc.choose` then takes the
-largest-saving allocation whose measured output cosine on the check samples holds ``target``
-(the maths: :mod:`onnxslim_kit.passes.svd.alloc`).
+(``sensitivity``) on the calibration samples the pass fits (``ctx.feed``); :func:`.alloc.choose`
+then takes the largest-saving allocation the fidelity contract accepts on the pipeline's judged
+samples (the maths: :mod:`onnxslim_kit.passes.svd.alloc`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,16 @@ from onnxslim_kit.passes.svd.rewrite import apply
 from onnxslim_kit.passes.svd.speed import decide, flops
 
 
-def allocate(model, ctx, layers, stats, samples, check, result: PassResult) -> tuple:
-    """``(kept plans, measured cosine, notes)`` (:mod:`onnxslim_kit.passes.svd.alloc`)."""
+def allocate(model, ctx, layers, stats, samples, fid, result: PassResult) -> tuple:
+    """``(kept plans, verdict or None, notes)`` (:mod:`onnxslim_kit.passes.svd.alloc`);
+    ``samples``: the fit samples, ``fid``: the :class:`onnxslim_kit.fidelity.Fidelity` held."""
     opts = ctx.options
     measured_grid = opts["alloc"] == "sensitivity"
     cands, lines = _candidates(layers, stats, opts, {} if measured_grid else {"grid": FINE_GRID}, result)
     if not cands:
         return [], None, lines
     trials = samples[:2 * MAX_HALF_SAMPLES] if measured_grid else samples[:MAX_SCALE_SAMPLES]
-    probe = Probe(model.to_proto(), trials + check)
+    probe = Probe(model.to_proto(), trials)
     for cand in ctx.progress(cands, desc="svd sensitivity", total=len(cands)):
         layer, rows = cand.layer, stats[cand.layer.key].rows_per_sample
         cost = lambda r, layer=layer, rows=rows: flops(rows, layer.k, layer.n, r)  # noqa: E731
@@ -47,9 +48,9 @@ def allocate(model, ctx, layers, stats, samples, check, result: PassResult) -> t
         else:
             spectral(probe, cand, cand.ranks, cost, list(range(len(trials))))
     how = "cross-fitted" if measured_grid else "estimated (cross-fitted spectrum × transfer factor)"
-    pick, measured = choose(probe, cands, list(range(len(trials), len(trials) + len(check))), opts["target"])
+    pick, verdict = choose(probe, cands, fid)
     kept = _apply(model, cands, pick, stats, how, result, lines)
-    return kept, measured, lines
+    return kept, verdict, lines
 
 
 def _candidates(layers: list, stats: dict, opts, grid: dict, result: PassResult) -> tuple:

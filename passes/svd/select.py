@@ -1,49 +1,50 @@
-"""Holding an end-to-end output target: which of the planned factorisations to keep.
+"""Holding an end-to-end fidelity target: which of the planned factorisations to keep.
 
 Per-layer budgets do not bound the model's output error — errors compound and are amplified
-downstream (attention softmax, a classifier head feeding a softmax). So with ``target`` set,
-the pass measures: the planned rewrites are ordered by estimated damage per FLOP saved,
-``(1 − e(r)) / ΔFLOPs`` (``e(r)``: kept energy), and the longest prefix whose model keeps
-``min cosine ≥ target`` over every float output and every evaluation sample (vs the model
-before the pass, ONNX Runtime) is found by bisection — ⌈log₂(n + 1)⌉ + 1 evaluations,
-assuming that adding rewrites does not improve the output (monotone in practice).
+downstream (attention softmax, a classifier head feeding a softmax). So with a target the
+pass measures: the planned rewrites are ordered by estimated damage per FLOP saved,
+``(1 − e(r)) / ΔFLOPs`` (``e(r)``: kept energy), and the longest prefix whose model the
+fidelity contract accepts (:mod:`onnxslim_kit.fidelity`: its outputs on the pipeline's judged
+samples, view by view against the *original* model, use a budget fraction ``u ≤ allowed``,
+the share of the target's loss budget this pass may take the model to) is found by bisection
+— ⌈log₂(n + 1)⌉ + 1 evaluations, assuming that adding rewrites does not lower ``u``
+(monotone in practice).
 """
 
 from __future__ import annotations
 
-from onnxslim_kit.metrics import compare, merge
+from onnxslim_kit.api import check_target
 from onnxslim_kit.runtime import make_session, run
 
 from onnxslim_kit.passes.svd.rewrite import apply
 
 
-def output_cosine(model, samples: list, reference: list) -> float:
-    """Worst cosine over float outputs and samples of ``model`` against ``reference``."""
+def parse_target(text: str, where: str) -> str:
+    """The ``target`` option's parse hook: the older ``0`` (off) reads as ``none``; anything
+    else as :func:`onnxslim_kit.fidelity.check_target` (empty: the pipeline's share)."""
+    try:
+        if str(text).strip() and float(text) == 0:
+            return "none"
+    except ValueError:
+        pass
+    return check_target(text, where)
+
+
+def judged(model, fid):
+    """The verdict (:class:`onnxslim_kit.fidelity.Verdict`) of ``model`` as it stands, on
+    ``fid.samples`` against the original."""
     for graph in model.all_graphs():
         graph.toposort()
     session = make_session(model.to_proto(), threads=1)
-    worst = 1.0
-    results = [run(session, sample) for sample in samples]
-    for name, ref in reference[0].items():
-        if ref.dtype.kind != "f":
-            continue
-        drift = merge([compare(r[name], out[name]) for r, out in zip(reference, results)])
-        worst = min(worst, drift.cosine)
-    return worst
+    return fid.judge([run(session, sample) for sample in fid.samples])
 
 
-def reference_outputs(model, samples: list) -> list:
-    session = make_session(model.to_proto(), threads=1)
-    return [run(session, sample) for sample in samples]
-
-
-def select(model, plans: list, samples: list, target: float) -> tuple:
-    """Apply the longest damage-ordered prefix of ``plans`` holding ``target``.
+def select(model, plans: list, fid) -> tuple:
+    """Apply the longest damage-ordered prefix of ``plans`` that ``fid`` accepts.
 
     ``plans``: objects with ``layer``, ``a``, ``b``, ``mode``, ``damage`` (sort key). Returns
-    ``(kept plans, measured cosine)``; the kept rewrites are left applied to ``model``.
+    ``(kept plans, verdict)``; the kept rewrites are left applied to ``model``.
     """
-    reference = reference_outputs(model, samples)
     ordered = sorted(plans, key=lambda p: p.damage)
     undos = []
 
@@ -54,17 +55,17 @@ def select(model, plans: list, samples: list, target: float) -> tuple:
             undos.append(apply(model, plan.layer, plan.a, plan.b, plan.mode))
 
     set_prefix(len(ordered))
-    measured = output_cosine(model, samples, reference)
-    if measured >= target:
-        return ordered, measured
-    good, bad, good_cos = 0, len(ordered), 1.0
+    verdict = judged(model, fid)
+    if fid.met(verdict):
+        return ordered, verdict
+    good, bad, good_verdict = 0, len(ordered), None
     while bad - good > 1:
         mid = (good + bad) // 2
         set_prefix(mid)
-        cos = output_cosine(model, samples, reference)
-        if cos >= target:
-            good, good_cos = mid, cos
+        found = judged(model, fid)
+        if fid.met(found):
+            good, good_verdict = mid, found
         else:
             bad = mid
     set_prefix(good)
-    return ordered[:good], good_cos
+    return ordered[:good], good_verdict if good_verdict is not None else judged(model, fid)

@@ -154,7 +154,7 @@ def test_held_out_evaluation_samples_are_used_for_verification():
     _, on_calib = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=true)", calib=calib)
     _, on_eval = onnxslim_kit.optimize(parse(MODEL), "test_break_bias(lossy=true)", calib=calib, eval_data=held_out)
     assert on_calib.verified_on == "calibration samples" and "pass --eval" in on_calib.table()
-    assert on_eval.verified_on == "held-out evaluation samples" and "--eval" not in on_eval.table()
+    assert on_eval.verified_on == "held-out evaluation samples" and "pass --eval" not in on_eval.table()
     # y = x + b vs x + 2b: parallel (cosine 1) where x = 0, not where x = 10
     cos_calib = on_calib.passes[0].verification["outputs"]["y"]["cosine"]
     cos_eval = on_eval.passes[0].verification["outputs"]["y"]["cosine"]

@@ -30,7 +30,8 @@ from onnxslim_kit.pipeline import Pass, register_pass
 def one_thread_ort(monkeypatch):
     """Verification sessions on one thread (the machine is shared)."""
     original = runtime_mod.session_options
-    monkeypatch.setattr(runtime_mod, "session_options", lambda level="disable", threads=0: original(level, 1))
+    monkeypatch.setattr(runtime_mod, "session_options",
+                        lambda level="disable", threads=0, prepack=True: original(level, 1, prepack))
 
 
 def conv_bn(opset: int = 13, ir: int = 8, out_channels: int = 16) -> onnx.ModelProto:

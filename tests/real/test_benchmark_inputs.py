@@ -22,7 +22,9 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 # Lower bounds for the original model's task score on the generated evaluation samples;
 # far below what it gets, far above chance — they catch wrong preprocessing or labels.
 MIN_ORIGINAL_SCORE = {"ppocrv4_rec": 0.5, "ppocr_cls_v2": 0.75, "orientation": 0.75, "silero_vad": 0.6,
-                      "mtcnn_onet": 0.75, "minilm_l6": 0.75, "ppocrv4_det": 0.5}
+                      "mtcnn_onet": 0.75, "minilm_l6": 0.75, "ppocrv4_det": 0.5,
+                      "yolov8n_coco": 0.75, "yolov8n_doclaynet": 0.6, "picodet_layout": 0.5}
+DETECTORS = ["yolov8n_coco", "yolov8n_doclaynet", "picodet_layout"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def _model_or_skip(inputs, name):
 
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name", ["ppocrv4_det", "ppocrv4_rec", "ppocr_cls_v2", "orientation", "silero_vad",
-                                  "mtcnn_pnet", "mtcnn_onet", "minilm_l6"])
+                                  "mtcnn_pnet", "mtcnn_onet", "minilm_l6", *DETECTORS])
 def test_inputs_fit_the_model_and_the_task(bench_modules, name):
     import onnx
 
@@ -95,6 +97,10 @@ def test_inputs_fit_the_model_and_the_task(bench_modules, name):
     assert result["agreement"] == 1.0
     if name in MIN_ORIGINAL_SCORE:
         assert result["score_original"] >= MIN_ORIGINAL_SCORE[name], result
+    if name in DETECTORS:  # the original finds things, and a variant that finds nothing keeps none of them
+        assert result["kept_worst"] == 1.0 and result["detections_original"] >= n_eval, result
+        blind = data.metric(outputs, [{k: np.zeros_like(v) for k, v in o.items()} for o in outputs])
+        assert blind["kept_mean"] == 0.0 and blind["detections"] == 0, blind
 
 
 def test_measure_charges_the_tool_not_the_suite(bench_modules):

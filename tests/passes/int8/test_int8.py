@@ -382,7 +382,8 @@ def test_target_falls_back_sensitive_layer(sensitivity):
     _, loose = quantize(model, "fallback=false")
     _, rep = quantize(model, f"target=cos:0.9995,sensitivity={sensitivity}")
     assert rep.metrics["sensitivity"] == ("hybrid" if sensitivity == "auto" else sensitivity)  # no MatMul
-    assert rep.metrics["target_cos"] >= 0.9995
+    assert rep.metrics["target"] == "cos:0.9995" and rep.metrics["budget_allowed"] == 1  # its own target: all of it
+    assert rep.metrics["budget_used"] <= 1
     assert loose.verification["outputs"]["y"]["cosine"] < 0.9995
     assert 1 <= rep.metrics["layers_float"] < 3
     assert rep.verification["outputs"]["y"]["cosine"] >= 0.9995  # same samples as the target
@@ -397,7 +398,7 @@ def test_fallback_layers_can_keep_int8_weights():
     plain, rep_plain = quantize(model, f"target=cos:{target},ladder=none")
     small, rep = quantize(model, f"target=cos:{target}")  # default ladder: Conv → int8 weights
     assert rep_plain.metrics["layers_float"] >= 1 and rep_plain.metrics["layers_weights"] == 0
-    assert rep.metrics["target_cos"] >= target and rep.verification["outputs"]["y"]["cosine"] >= target
+    assert rep.metrics["budget_used"] <= 1 and rep.verification["outputs"]["y"]["cosine"] >= target
     n_weights = rep.metrics["layers_weights"]
     assert n_weights >= 1 and rep.metrics["layers_float"] == 0
     assert rep.rewrites["Conv→int8 weights only"] == n_weights
@@ -459,7 +460,7 @@ def test_choose_fallback_ladder_search():
     from onnxslim_kit.passes.int8.fallback import choose_fallback
 
     # 6 layers; a layer costs `cost` in static int8, 0.3 on rung r1 (a, b, c, d have it), 0.05 on
-    # r2 (only a), 0 float; the score is 1 − total cost / 100
+    # r2 (only a), 0 float; the score (budget used) is the total cost
     cost = {"a": 5.0, "b": 4.0, "c": 3.0, "d": 2.0, "e": 0.5, "f": 0.4}
     rung_cost = {"r1": 0.3, "r2": 0.05, "float": 0.0}
     options = {"a": ["r1", "r2"], "b": ["r1"], "c": ["r1"], "d": ["r1"]}
@@ -467,24 +468,27 @@ def test_choose_fallback_ladder_search():
     def build(assign):
         return sum(cost[n] if c == "int8" else rung_cost[c] for n, c in assign.items())
 
-    def score(total, stop_below=None):
-        return 1 - total / 100
+    def score(total, stop_above=None):
+        return total
 
     def split(chosen):
         return {c: sorted(n for n in chosen if chosen[n] == c) for c in set(chosen.values())}
 
-    # every layer on its first rung (e, f float) meets 0.985; then as few as possible leave int8
-    chosen, value, sens = choose_fallback(list(cost), build, score, 0.985, options)
-    assert split(chosen) == {"r1": ["a", "b", "c", "d"], "float": ["e", "f"]} and value == pytest.approx(0.988)
+    # every layer on its first rung (e, f float) meets 1.5; then as few as possible leave int8
+    chosen, value, sens = choose_fallback(list(cost), build, score, 1.5, options)
+    assert split(chosen) == {"r1": ["a", "b", "c", "d"], "float": ["e", "f"]} and value == pytest.approx(1.2)
     assert max(sens, key=sens.get) == "a"  # ranked end to end, each layer alone
-    # r1 everywhere misses 0.9935: level 2 (a on r2, the rest float) meets it; then the most
+    # r1 everywhere misses 0.65: level 2 (a on r2, the rest float) meets it; then the most
     # sensitive stay at level 2 and the others climb back, level by level
-    chosen, value, _ = choose_fallback(list(cost), build, score, 0.9935, options)
+    chosen, value, _ = choose_fallback(list(cost), build, score, 0.65, options)
     assert split(chosen) == {"r2": ["a"], "float": ["b", "e", "f"], "r1": ["c", "d"]}
-    assert value == pytest.approx(1 - 0.65 / 100)
+    assert value == pytest.approx(0.65)
     # no rungs: the plain top-k float search
-    chosen, value, _ = choose_fallback(list(cost), build, score, 0.985)
-    assert split(chosen) == {"float": ["a", "b", "c", "d"], "int8": ["e", "f"]} and value == pytest.approx(0.991)
+    chosen, value, _ = choose_fallback(list(cost), build, score, 1.5)
+    assert split(chosen) == {"float": ["a", "b", "c", "d"], "int8": ["e", "f"]} and value == pytest.approx(0.9)
+    # a target every layer in int8 meets: nothing falls back, nothing is ranked
+    chosen, value, sens = choose_fallback(list(cost), build, score, 20.0, options)
+    assert set(chosen.values()) == {"int8"} and value == pytest.approx(14.9) and sens == {}
 
 
 def test_dynamic_rung_adapts_to_each_input_range(tmp_path):
@@ -531,30 +535,68 @@ def test_weights_rung_undoes_smoothing():
     assert taken >= 4
 
 
+def judge_fidelity(model, samples, target="cos:0.9995"):
+    from onnxslim_kit.api import Fidelity
+
+    return Fidelity.build(model, target, samples, "test samples")
+
+
 def test_scorer_stops_at_the_first_sample_that_proves_failure():
     from onnxslim_kit.passes.int8.fallback import Scorer
 
     model = outlier_model()
     int8_model, _ = quantize(model, "fallback=false")
-    samples = [{"x": RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
-    scorer = Scorer(model, samples, "cos")
+    samples = [{"x": RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(8)]
+    scorer = Scorer(judge_fidelity(model, samples))
     exact = scorer(int8_model)
     per_sample = [cosine(run_ort(model, s)[0], run_ort(int8_model, s)[0]) for s in samples]
-    assert exact == pytest.approx(min(per_sample), abs=1e-6) and scorer.runs == 4
-    bound = scorer(int8_model, stop_below=0.9995)
+    assert exact.verdict.scores[0].cosine == pytest.approx(min(per_sample), abs=1e-6) and scorer.runs == 8
+    assert float(exact) == pytest.approx((1 - min(per_sample)) / 0.0005, rel=1e-3)  # the budget fraction
     first_fail = next(i for i, c in enumerate(per_sample) if c < 0.9995)
-    assert scorer.runs == 4 + first_fail + 1  # stopped there
-    assert bound == pytest.approx(min(per_sample[: first_fail + 1]), abs=1e-6) and exact <= bound < 0.9995
+    bound = scorer(int8_model, stop_above=1.0)
+    assert scorer.runs == 8 + first_fail + 1 and bound.verdict is None  # stopped there: a bound, no verdict
+    assert float(bound) == pytest.approx((1 - min(per_sample[:first_fail + 1])) / 0.0005, rel=1e-3)
+    assert 1.0 < bound <= exact
+    scorer.runs = 0
+    assert scorer(int8_model, stop_above=float(exact)) == exact and scorer.runs == 8  # never proven above
 
 
-def test_top1_bound_counts_the_remaining_rows_as_agreeing():
+def test_scorer_bounds_pooled_decisions_after_the_first_sample():
+    # a Sigmoid score map losing its decisions (scores pushed to the threshold) while the
+    # cosines hold. The agreement is pooled over the samples: after the first sample it is
+    # bounded with the rest taken as perfect (the reference itself), a bound below the final
+    # budget use; later samples bound no decision, so a candidate that loses them only there
+    # runs every sample and gets its verdict.
     from onnxslim_kit.passes.int8.fallback import Scorer
 
-    scorer = Scorer.__new__(Scorer)
-    # 1 sample seen with 10 rows, 5 agreeing; 1 sample of 10 rows to go: at best 15 / 20
-    assert scorer._bound({"y": [(0.5, 10)]}, 1) == pytest.approx(0.75)
-    assert scorer._bound({"y": [(0.5, 10), (1.0, 10)]}, 0) == pytest.approx(0.75)
-    assert scorer._bound({"y": [(1.0, 10)], "z": [0.98, 0.9]}, 3) == pytest.approx(0.9)
+    model = build("y = Sigmoid (x)", "float[1, 64] x", {})
+    samples = [{"x": RNG.standard_normal((1, 64)).astype(np.float32)} for _ in range(4)]
+    scorer = Scorer(judge_fidelity(model, samples, "cos:0.9"))
+    ref = scorer.reference
+    lost = [{"y": np.where(r["y"] > 0.25, 0.25, r["y"])} for r in ref]
+    verdict = scorer.judge(lost)
+    assert verdict.scores[0].cosine > 0.9 and verdict.scores[0].agreement == 0  # cosine alone would accept
+    assert verdict.used == pytest.approx(1 / 0.1) and verdict.binding.startswith("y agreement")
+    ran = []
+
+    def replay(answers):
+        def outputs(session, extra, batch):  # a "session" answering with ``answers``, sample by sample
+            for i, got in enumerate(answers):
+                ran.append(i)
+                yield i, got
+        return outputs
+
+    scorer._outputs = replay(lost)
+    bound = scorer.score_session(None, stop_above=1.0)
+    above = [int((r["y"] > 0.25).sum()) for r in ref]
+    assert ran == [0] and bound.verdict is None  # stopped after the first sample
+    assert float(bound) == pytest.approx((1 - sum(above[1:]) / sum(above)) / 0.1) and bound <= verdict.used
+    ran.clear()
+    late = [{"y": ref[0]["y"]}] + lost[1:]  # the first sample keeps its decisions
+    scorer._outputs = replay(late)
+    used = scorer.score_session(None, stop_above=1.0)
+    assert ran == [0, 1, 2, 3] and used.verdict is not None
+    assert float(used) == pytest.approx((1 - above[0] / sum(above)) / 0.1) and used > 1.0
 
 
 def rare_class_map():
@@ -569,49 +611,19 @@ def rare_class_map():
                  {"s": scale, "o": offset, "wc": np.array([-1.0, 1.0], np.float32).reshape(2, 1, 1, 1)})
 
 
-def test_default_target_keeps_class_decisions_that_cosine_misses(monkeypatch):
-    import onnxslim_kit.passes.int8.fallback as fallback
-
+def test_default_target_keeps_class_decisions_that_cosine_misses():
     model = rare_class_map()
     samples = [{"x": RNG.standard_normal((1, 1, 16, 16)).astype(np.float32)} for _ in range(4)]
 
     def flips(out):
         return sum(int((run_ort(model, s)[0].argmax(1) != run_ort(out, s)[0].argmax(1)).sum()) for s in samples)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(fallback, "DECISION_CLASSES", 1)  # cosine alone: the previous default
-        cos_only, loose = quantize(model)
+    cos_only, loose = quantize(model, "fallback=false")
     assert loose.metrics["layers_int8"] == 1 and loose.verification["outputs"]["y"]["cosine"] >= 0.99
-    assert flips(cos_only) >= 4  # about half the boundary block, every sample
-    out, rep = quantize(model)  # default target cos:0.99
-    assert rep.metrics["layers_int8"] == 0 and rep.metrics["target_cos"] >= 0.99
+    assert flips(cos_only) >= 4  # about half the boundary block, every sample: the cosine alone accepts that
+    out, rep = quantize(model)  # the pipeline's default target cos:0.99: the softmax rows' decisions bind too
+    assert rep.metrics["layers_int8"] == 0 and rep.metrics["budget_used"] <= rep.metrics["budget_allowed"]
     assert flips(out) == 0
-
-
-def test_class_axes_and_decision_agreement():
-    from onnxslim_kit.passes.int8.fallback import (
-        Scorer,
-        class_axes,
-        decision_agreement,
-        reference_decisions,
-    )
-
-    body = "c = Conv (x, wc)\np = Softmax <axis = 1> (c)\ny = Identity (p)\nz = Sigmoid (c)"
-    inits = {"wc": w(3, 1, 1, 1)}
-    assert class_axes(build(body, "float[1, 1, 4, 4] x", inits, "float y, float z")) == {"y": (1, False)}
-    assert class_axes(build(body, "float[1, 1, 4, 4] x", inits, "float y, float z", opset=11)) == {"y": (1, True)}
-    ref = np.zeros((1, 3, 2, 5), np.float32)
-    ref[0, 0] = 1.0  # background: class 0 ...
-    ref[0, 2, 0, :2] = 2.0  # ... but 2 rows decide class 2
-    got = ref.copy()
-    got[0, 2, 0, 0] = 0.0  # one class-2 row flips to background
-    got[0, 1, 1, 4] = 3.0  # one background row flips to class 1
-    spec = reference_decisions(build(body, "float[1, 1, 4, 4] x", inits, "float y, float z"), [{"y": ref}])["y"]
-    assert spec == (1, False, 0)
-    assert decision_agreement(spec, ref, got) == (1, 3, 10)  # of the 3 non-background rows, 1 agrees
-    assert decision_agreement(spec, ref, got[:, :, :1]) == (0, 1, 1)  # rows lost: a failure
-    # 1 sample of 10 rows to go: at best (1 + 10) / (3 + 10)
-    assert Scorer.__new__(Scorer)._bound({("y", "decisions"): [(1, 3, 10)]}, 1) == pytest.approx(11 / 13)
 
 
 def LOCAL():
@@ -626,15 +638,15 @@ def test_bad_selector_is_a_user_error():
         quantize(conv_chain(), "exclude=last:conv")
     with pytest.raises(UserError, match=r"^int8\(include=\.\.\.\): bad regular expression '\*a'"):
         quantize(conv_chain(LOCAL()), "include=re:*a")
-    with pytest.raises(UserError, match=r"^int8\(target=\.\.\.\): 'cosine': expected cos:VALUE"):
+    with pytest.raises(UserError, match=r"^int8\(target=\.\.\.\): 'cosine': 'cosine' is not a number; expected cos:V"):
         quantize(conv_chain(), "target=cosine")
     with pytest.raises(UserError, match=r"^int8\(ladder=\.\.\.\): unknown rung 'int4'"):
         quantize(conv_chain(LOCAL()), "ladder=dynamic;int4")
 
 
 @pytest.mark.parametrize("option, message", [
-    ("target=cos:2", r"int8\(target=\.\.\.\): 'cos:2': expected cos:VALUE"),
-    ("target=top5:0.9", r"int8\(target=\.\.\.\): 'top5:0.9'"),
+    ("target=cos:2", r"int8\(target=\.\.\.\): 'cos:2': a cos target must lie in \(0, 1\]"),
+    ("target=top5:0.9", r"int8\(target=\.\.\.\): unknown target 'top5:0.9'; expected cos:V"),
     ("ladder=fast", r"int8\(ladder=\.\.\.\): unknown rung 'fast'"),
     ("exclude=op:", r"int8\(exclude=\.\.\.\): cannot read 'op:'"),
     ("include=first:Conv", r"int8\(include=\.\.\.\): cannot read 'first:Conv'"),
@@ -699,7 +711,7 @@ def test_gated_ranking_matches_one_build_per_layer(ladder):
     opts = f"target=cos:0.9995,sensitivity=e2e,ladder={ladder}"
     gated, rep_gated = quantize(model, opts + ",gated_ranking=true")
     built, rep_built = quantize(model, opts + ",gated_ranking=false")
-    for key in ("layers_int8", "layers_float", "layers_weights", "target_cos"):
+    for key in ("layers_int8", "layers_float", "layers_weights", "budget_used"):
         assert rep_gated.metrics[key] == rep_built.metrics[key], key
     assert rep_gated.metrics["fallback_builds"] < rep_built.metrics["fallback_builds"]
     assert rep_gated.notes == rep_built.notes
@@ -730,11 +742,11 @@ def test_scorer_batches_small_samples_of_a_batch_free_model():
     model = build("h = MatMul (x, w1)\ny = Relu (h)", "float[N, 16] x", {"w1": w(16, 8)})
     int8_model, _ = quantize(model, "fallback=false")
     samples = [{"x": RNG.standard_normal((1, 16)).astype(np.float32)} for _ in range(5)]
-    scorer = Scorer(model, samples, "cos")
+    scorer = Scorer(judge_fidelity(model, samples))
     exact = scorer(int8_model)
     assert scorer.runs == 1 + -(-4 // BATCH_SAMPLES)  # the first sample, then the other four in batches
     per_sample = [cosine(run_ort(model, s)[0], run_ort(int8_model, s)[0]) for s in samples]
-    assert exact == pytest.approx(min(per_sample), abs=1e-6)
+    assert exact.verdict.scores[0].cosine == pytest.approx(min(per_sample), abs=1e-6)
     # DynamicQuantizeLinear ranges over the whole tensor: a candidate holding one is scored
     # one sample at a time, or the batch would change its numbers
     dyn, _ = quantize(model, passes="dynamic(min_weights=1)")
@@ -742,7 +754,8 @@ def test_scorer_batches_small_samples_of_a_batch_free_model():
     scorer.runs = 0
     exact = scorer(dyn)
     assert scorer.runs == 5
-    assert exact == pytest.approx(min(cosine(run_ort(model, s)[0], run_ort(dyn, s)[0]) for s in samples), abs=1e-6)
+    assert exact.verdict.scores[0].cosine == pytest.approx(
+        min(cosine(run_ort(model, s)[0], run_ort(dyn, s)[0]) for s in samples), abs=1e-6)
 
 
 @pytest.mark.parametrize("trans_b", [0, 1])

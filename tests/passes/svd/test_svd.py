@@ -453,7 +453,7 @@ def test_padding_rows_are_left_out_of_the_statistics(rng):
     assert not np.allclose(plain.normalized_gram, masked.normalized_gram)
     # the option reaches the statistics: rank-1 factors fitted without the padding rows differ
     samples = [{"x": np.concatenate([rng.standard_normal((1, 4, 4)), np.full((1, 2, 4), 50.0)], 1).astype(np.float32),
-                "m": mask} for _ in range(4)]
+                "m": mask} for _ in range(8)]  # the pipeline holds 2 out: the factors are fitted on 6
     outs = [run_svd(model, f"svd(rank=1,force=true,data=true,target=0{opt})", samples)[0] for opt in ("", ",mask=m")]
     real = [{"x": rng.standard_normal((1, 6, 4)).astype(np.float32), "m": np.ones((1, 6), np.int64)} for _ in range(8)]
     errors = [np.mean([np.sum((run_ort(o, r)[0] - run_ort(model, r)[0]) ** 2) for r in real]) for o in outs]

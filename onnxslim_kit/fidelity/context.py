@@ -1,0 +1,180 @@
+"""What a lossy pass is held to (``ctx.fidelity``), and the held-out split of the data.
+
+The split. Without ``--eval`` the calibration samples are split deterministically: sample i
+(in the feed's order) is *held out* when ``i % HOLD_OUT_EVERY == HOLD_OUT_EVERY − 1`` (one in
+four); the passes fit on the others and are judged — their target searched, their drift
+reported — on the held-out ones. Fewer than ``HOLD_OUT_EVERY`` samples cannot be split: they
+fit and judge, and the report says so. Under ``MIN_JUDGE_SAMPLES`` judged samples the report
+warns that a decision agreement of 0.99 cannot be told from 1.
+
+:class:`Fidelity` carries the target (:mod:`.target`), the fraction of its budget this pass
+may reach (``allowed``), the output views (:mod:`.views`), the judged samples and the
+original's outputs on them (computed once, shared by the verifier and every pass). A pass asks
+``ctx.fidelity.judge(outputs)`` (outputs of its candidate on ``ctx.fidelity.samples``) and
+``ctx.fidelity.met(verdict)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import onnx
+
+from .judge import Verdict, judge
+from .target import Target, share
+from .views import Views, find_views
+
+HOLD_OUT_EVERY = 4
+MIN_JUDGE_SAMPLES = 8
+MAX_JUDGE_SAMPLES = 32
+
+
+class FeedPart:
+    """The samples of ``feed`` whose index ``keep`` accepts; every other attribute (specs,
+    ``generated``, input shapes …) is the feed's own."""
+
+    def __init__(self, feed, keep):
+        self._feed, self._keep = feed, keep
+
+    def __iter__(self):
+        return (sample for i, sample in enumerate(self._feed) if self._keep(i))
+
+    def take(self, n: int) -> list:
+        out = []
+        for sample in self:
+            if len(out) >= n:
+                break
+            out.append(sample)
+        return out
+
+    def count(self) -> int:
+        return sum(1 for _ in self)
+
+    def __getattr__(self, name):
+        return getattr(self._feed, name)
+
+
+def held_out(i: int) -> bool:
+    return i % HOLD_OUT_EVERY == HOLD_OUT_EVERY - 1
+
+
+def split_feed(feed, eval_feed=None) -> tuple:
+    """``(fit feed, judged samples, description, warning or None)``."""
+    if eval_feed is not None:
+        samples = eval_feed.take(MAX_JUDGE_SAMPLES)
+        return feed, samples, "held-out evaluation samples", _few(len(samples))
+    if getattr(feed, "generated", False):
+        samples = feed.take(MAX_JUDGE_SAMPLES)
+        return feed, samples, "generated random samples", None
+    total = feed.count()
+    if total < HOLD_OUT_EVERY:
+        samples = feed.take(MAX_JUDGE_SAMPLES)
+        warning = (f"{total} calibration sample(s) cannot be split: the lossy passes are judged on the samples "
+                   f"they fit; give more (≥ {HOLD_OUT_EVERY * MIN_JUDGE_SAMPLES} to hold out "
+                   f"{MIN_JUDGE_SAMPLES}) or --eval")
+        return feed, samples, "calibration samples", warning
+    judged = FeedPart(feed, held_out).take(MAX_JUDGE_SAMPLES)
+    fit = FeedPart(feed, lambda i: not held_out(i))
+    what = f"held-out calibration samples (every {HOLD_OUT_EVERY}th, {len(judged)} of {total}; the passes fit the rest)"
+    return fit, judged, what, _few(len(judged))
+
+
+def _few(n: int) -> str | None:
+    if n >= MIN_JUDGE_SAMPLES:
+        return None
+    return (f"only {n} held-out sample(s) judge the lossy passes (< {MIN_JUDGE_SAMPLES}): a decision "
+            f"agreement near the target cannot be told from 1; give more --calib or --eval samples")
+
+
+@dataclass
+class Fidelity:
+    """The target a pass holds, on which views and samples; see the module docstring."""
+
+    original: onnx.ModelProto | None
+    target: Target
+    views: Views
+    samples: list
+    judged_on: str = ""
+    allowed: float = 1.0
+    own_target: bool = False  # the pass's own target= (allowed = all of it)
+    metric: object = None  # a judge.UserMetric binding a metric:V target
+    _reference: list | None = field(default=None, repr=False)
+    _runtime: list | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, original, target, samples: list, judged_on: str = "", reference=None, runtime=None,
+              metric=None) -> Fidelity:
+        target = Target.parse(target)
+        if (target.metric == "metric") != (metric is not None) and target.metric != "none":
+            from ..errors import UserError
+
+            raise UserError("a metric:V target needs --metric module:function (optimize(metric=...)), and "
+                            "--metric needs a metric:V target (default metric:0.99)")
+        return cls(original, target, find_views(original), samples, judged_on, metric=metric,
+                   _reference=reference, _runtime=runtime)
+
+    @property
+    def reference(self) -> list:
+        """The original's outputs on :attr:`samples` (computed at the first use)."""
+        if self._reference is None:
+            self._reference, self._runtime = reference_outputs(self.original, self.samples, self.views)
+        return self._reference
+
+    @property
+    def runtime(self) -> list | None:
+        self.reference  # noqa: B018 - computes both
+        return self._runtime
+
+    def judge(self, outputs: list, reference: list | None = None, runtime: list | None = None) -> Verdict:
+        """``outputs``: the candidate's, one dict per sample of :attr:`samples` (or of the
+        samples ``reference`` was computed on, with their ``runtime`` tensors)."""
+        if reference is None:
+            reference, runtime = self.reference, self.runtime
+        return judge(self.views, reference, outputs, self.target, runtime, self.metric)
+
+    def met(self, verdict: Verdict) -> bool:
+        return verdict.met(self.allowed)
+
+    def for_pass(self, override: str = "", remaining: int = 1, used: float = 0.0) -> Fidelity:
+        """This pipeline's fidelity for one lossy pass: its own ``target=`` when given (all of
+        it), else the pipeline target's share (:func:`.target.share`)."""
+        if str(override or "").strip():
+            return replace(self, target=Target.parse(override), allowed=1.0, own_target=True)
+        return replace(self, allowed=share(used, remaining), own_target=False)
+
+    def describe(self) -> str:
+        if self.target.metric == "none":
+            return "target none"
+        what = f"target {self.target}" if self.own_target or self.allowed >= 1.0 else (
+            f"{self.allowed:.0%} of the {self.target} budget")
+        return f"{what} on {len(self.samples)} {self.judged_on or 'samples'}"
+
+
+def reference_outputs(original, samples: list, views: Views) -> tuple:
+    """The original's outputs on ``samples`` and, when a view needs them, the tail tensors."""
+    from ..runtime import give_back, make_session, run
+
+    extra = views.runtime_tensors
+    outputs = {o.name for o in original.graph.output}
+    session = make_session(original, extra_outputs=[n for n in extra if n not in outputs] or None, arena=False,
+                           prepack=False)
+    try:
+        results = [run(session, sample) for sample in samples]
+    finally:
+        del session
+        give_back()
+    reference = [{k: v for k, v in r.items() if k in outputs} for r in results]
+    runtime = [{k: v for k, v in r.items() if k in extra} for r in results] if extra else None
+    return reference, runtime
+
+
+def pass_fidelity(ctx, fallback_samples: int = 8) -> Fidelity:
+    """``ctx.fidelity``, or — for a pass run outside the pipeline (a test's own PassContext) —
+    one built from the pass's ``target`` option (default ``cos:0.99``), judged on the first
+    ``fallback_samples`` samples of ``ctx.feed``."""
+    if getattr(ctx, "fidelity", None) is not None:
+        return ctx.fidelity
+    from .target import DEFAULT
+
+    text = str((ctx.options or {}).get("target") or "").strip() or DEFAULT
+    return Fidelity.build(ctx.original, text, ctx.feed.take(fallback_samples), "calibration samples")

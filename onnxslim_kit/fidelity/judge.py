@@ -1,0 +1,275 @@
+"""A candidate's outputs judged against the reference's, view by view (:mod:`.views`).
+
+Per view, over the judged samples s (reference y, candidate ŷ restricted to the view):
+
+    cosine     = min_s  ⟨y_s, ŷ_s⟩ / (‖y_s‖ ‖ŷ_s‖)                      (float views)
+    rel        = max_s  max|y_s − ŷ_s| / max|y_s|                        (float views)
+    agreement  = Σ_s |A_s ∩ Â_s| / Σ_s |A_s ∪ Â_s|,  A = {i : y_i > 0.25}   (scores)
+               = share of softmax rows whose arg-max agrees, over all samples (probs)
+               = share of equal elements, over all samples                (exact)
+
+A non-finite value where the reference is finite (or the other way round) makes that sample's
+cosine 0 and its relative error infinite. The verdict's budget fraction ``used`` is the
+target's (:meth:`.target.Target.used`) over the worst view of each metric; the view and
+metric that set it are the *binding* view. ``worst_sample`` is the index of the sample with
+the lowest cosine (agreement for decision-only views) in the judged list.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .target import Target
+from .views import SCORE_THRESHOLD, View, Views
+
+
+@dataclass
+class ViewScore:
+    view: str
+    kind: str
+    cosine: float | None = None
+    rel: float | None = None
+    agreement: float | None = None
+    worst_sample: int = 0
+
+    def to_dict(self) -> dict:
+        out = {"view": self.view, "kind": self.kind, "worst_sample": self.worst_sample}
+        for key in ("cosine", "rel", "agreement"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = round(value, 6) if math.isfinite(value) else str(value)
+        return out
+
+
+@dataclass
+class Verdict:
+    target: Target
+    scores: list = field(default_factory=list)
+    used: float = 0.0
+    binding: str = ""  # "output[scores] agreement 0.93"
+    samples: int = 0
+
+    def met(self, allowed: float = 1.0) -> bool:
+        return self.used <= allowed + 1e-9
+
+    def worst(self, metric: str = "cosine") -> float:
+        """The worst value of ``metric`` over the views that have it (1.0 / 0.0 when none)."""
+        values = [getattr(s, metric) for s in self.scores if getattr(s, metric) is not None]
+        if metric == "rel":
+            return max(values, default=0.0)
+        return min(values, default=1.0)
+
+    def to_dict(self) -> dict:
+        return {"target": str(self.target), "used": round(self.used, 6) if math.isfinite(self.used) else "inf",
+                "binding": self.binding, "samples": self.samples, "views": [s.to_dict() for s in self.scores]}
+
+    def summary(self) -> str:
+        return f"{self.binding} ({self.used:.0%} of the {self.target} budget, {self.samples} samples)"
+
+
+def judge(views: Views, reference: list, candidate: list, target: Target, runtime: list | None = None,
+          metric=None) -> Verdict:
+    """Score ``candidate`` (a list of output dicts, one per sample) against ``reference``;
+    ``runtime``: per sample, the original's tensors :attr:`.views.Views.runtime_tensors`
+    names (needed only when a view has a layout tail). ``metric``: a :class:`UserMetric`; its
+    score binds a ``metric:V`` target (the views are still scored, for the report)."""
+    scores = [_score(view, views, reference, candidate, runtime) for view in views]
+    if metric is not None:
+        scores.append(ViewScore(f"metric {metric.name}", "metric", agreement=metric(reference, candidate)))
+    losses, binding = {}, {}
+    for score in scores:
+        if score.kind == "metric":
+            losses["metric"], binding["metric"] = 1.0 - score.agreement, score
+            continue
+        for metric, loss in (("cos", None if score.cosine is None else 1.0 - score.cosine),
+                             ("rel", score.rel),
+                             ("decision", None if score.agreement is None else 1.0 - score.agreement)):
+            if loss is not None and (metric not in losses or loss > losses[metric]):
+                losses[metric], binding[metric] = loss, score
+    if target.metric == "top1" and "decision" not in losses:  # no decision output: cosine stands in
+        losses["decision"], binding["decision"] = losses.get("cos", 0.0), binding.get("cos")
+    used = target.used(losses)
+    verdict = Verdict(target, scores, used, samples=len(reference))
+    verdict.binding = _binding_text(target, losses, binding)
+    return verdict
+
+
+FOREGROUND_MIN_ROWS = 8  # softmax rows per sample from which the most frequent class is background
+
+
+class UserMetric:
+    """A user's fidelity function ``fn(reference, candidate) -> float``: both lists of output
+    dicts (name → array), one per judged sample; 1.0 means as good as the original (NNCF's
+    ``validate_fn``, but relative to the original's outputs, not to labels). Non-finite or
+    non-numeric scores are an error naming the function."""
+
+    def __init__(self, fn, name: str | None = None):
+        if not callable(fn):
+            raise TypeError(f"metric must be callable, not {type(fn).__name__}")
+        self.fn, self.name = fn, name or getattr(fn, "__name__", "metric")
+
+    def __call__(self, reference: list, candidate: list) -> float:
+        from ..errors import UserError
+
+        value = self.fn(reference, candidate)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise UserError(f"metric {self.name} returned {type(value).__name__}, not a number") from None
+        if not math.isfinite(value):
+            raise UserError(f"metric {self.name} returned {value}")
+        return value
+
+
+def load_metric(text: str, where: str = "--metric") -> UserMetric:
+    """``module:function`` (the module importable from the working folder) as a :class:`UserMetric`."""
+    import importlib
+    import sys
+
+    from ..errors import UserError
+
+    module_name, colon, function = str(text).partition(":")
+    if not colon or not module_name.strip() or not function.strip():
+        raise UserError(f"{where}: expected module:function, got {text!r}")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name.strip())
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's module
+        raise UserError(f"{where}: cannot import {module_name.strip()!r}: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, function.strip(), None)
+    if not callable(fn):
+        raise UserError(f"{where}: {module_name.strip()} has no function {function.strip()!r}")
+    return UserMetric(fn, f"{module_name.strip()}:{function.strip()}")
+
+
+def _binding_text(target: Target, losses: dict, binding: dict) -> str:
+    if target.metric == "none" or not binding:
+        score = binding.get("cos") or binding.get("decision")
+        return f"{score.view} cosine {score.cosine:.6f}" if score and score.cosine is not None else "no views"
+    if target.metric in ("rel", "metric"):
+        metric = target.metric
+    elif target.metric == "top1":
+        metric = "decision"
+    else:
+        metric = max(("cos", "decision"), key=lambda m: losses.get(m, -1.0))
+    score = binding.get(metric)
+    if score is None:
+        return "no views"
+    if metric == "metric":
+        return f"{score.view} score {score.agreement:.4f}"
+    if metric == "decision" and score.agreement is not None:
+        return f"{score.view} agreement {score.agreement:.4f}"
+    if metric == "rel":
+        return f"{score.view} rel err {score.rel:.3g}"
+    return f"{score.view} {cosine_text(score.cosine)}" if score.cosine is not None else score.view
+
+
+def cosine_text(cos: float) -> str:
+    """``cosine 0.987654``, or ``1−cos 3.2e-07`` where six decimals would print 1.000000."""
+    return f"1−cos {1.0 - cos:.2g}" if cos > 0.999995 and cos < 1.0 else f"cosine {cos:.6f}"
+
+
+def _part(view: View, views: Views, ref: np.ndarray, got: np.ndarray, runtime: dict | None):
+    """The view's elements of one sample's output (flat), and its labels (or None)."""
+    ref, got = np.asarray(ref), np.asarray(got)
+    labels = views.labels(view.output, runtime) if runtime is not None and view.output in views._tails else None
+    if labels is None or labels["branch"].shape != ref.shape:
+        return ref, got, None
+    if view.branch is None:
+        return ref, got, labels
+    mask = labels["branch"] == labels["kinds"].index(view.branch)
+    return ref[mask], got[mask], {key: labels[key][mask] for key in ("row", "cls")}
+
+
+def _score(view: View, views: Views, reference: list, candidate: list, runtime: list | None) -> ViewScore:
+    score = ViewScore(view.name, view.kind)
+    cosines, rels, hits, total = [], [], 0, 0
+    per_sample_agreement = []
+    for i, (ref_out, got_out) in enumerate(zip(reference, candidate)):
+        if view.output not in got_out:
+            cosines.append(0.0), rels.append(math.inf), per_sample_agreement.append(0.0)
+            continue
+        ref, got, labels = _part(view, views, ref_out[view.output], got_out[view.output],
+                                 runtime[i] if runtime else None)
+        if ref.shape != got.shape:
+            cosines.append(0.0), rels.append(math.inf), per_sample_agreement.append(0.0)
+            total += 1
+            continue
+        if view.kind != "exact":
+            cos, rel = _float_drift(ref, got)
+            cosines.append(cos)
+            rels.append(rel)
+        if view.decides:
+            agree, count = _decisions(view, ref, got, labels)
+            hits, total = hits + agree, total + count
+            per_sample_agreement.append(agree / count if count else 1.0)
+    if cosines:
+        score.cosine, score.rel = min(cosines), max(rels)
+        score.worst_sample = int(np.argmin(cosines))
+    if view.decides:
+        score.agreement = hits / total if total else 1.0
+        if not cosines and per_sample_agreement:
+            score.worst_sample = int(np.argmin(per_sample_agreement))
+    return score
+
+
+def _float_drift(ref: np.ndarray, got: np.ndarray) -> tuple:
+    a, b = np.ravel(ref), np.ravel(got)
+    if np.array_equal(a, b):
+        return 1.0, 0.0
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if not (fa.all() and fb.all()):  # the masks only where something is not finite
+        if not np.array_equal(fa, fb) or np.any(a[~fa] != b[~fb]):
+            return 0.0, math.inf
+        a, b = a[fa], b[fb]
+    a = a.astype(np.float64, copy=False)
+    b = b.astype(np.float64, copy=False)
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    cos = 1.0 if na == 0 and nb == 0 else 0.0 if na == 0 or nb == 0 else float(np.dot(a, b) / (na * nb))
+    scale = float(np.abs(a).max()) if a.size else 0.0
+    diff = float(np.abs(a - b).max()) if a.size else 0.0
+    rel = diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+    return min(cos, 1.0), rel
+
+
+def _decisions(view: View, ref: np.ndarray, got: np.ndarray, labels: dict | None) -> tuple:
+    """(agreeing, counted) decisions of one sample."""
+    if view.kind == "exact":
+        return int(np.sum(ref == got)), int(ref.size)
+    if view.kind == "scores":
+        a, b = ref > SCORE_THRESHOLD, got > SCORE_THRESHOLD
+        return int(np.sum(a & b)), int(np.sum(a | b))
+    if labels is not None:  # probs through a layout tail: rows and classes from the labels
+        a, b = _row_winners(ref.ravel(), got.ravel(), labels["row"].ravel(), labels["cls"].ravel())
+    elif ref.ndim == 0:
+        return 1, 1
+    else:
+        axis = view.axis if view.axis is not None else -1
+        a, b = np.argmax(ref, axis=axis).ravel(), np.argmax(got, axis=axis).ravel()
+    return _foreground_agreement(a, b)
+
+
+def _foreground_agreement(a: np.ndarray, b: np.ndarray) -> tuple:
+    """(agreeing, counted) arg-max decisions of one sample. With several softmax rows (a map, a
+    sequence: at least :data:`FOREGROUND_MIN_ROWS`) the rows where both pick the reference's most frequent class — background,
+    CTC blank — are not counted: 20 flipped face pixels of 85 hide at 0.9994 among a face map's
+    background pixels (MTCNN P-Net), a changed character among a line's blanks."""
+    if a.size >= FOREGROUND_MIN_ROWS:
+        values, counts = np.unique(a, return_counts=True)
+        background = values[np.argmax(counts)]
+        keep = (a != background) | (b != background)
+        a, b = a[keep], b[keep]
+    return int(np.sum(a == b)), int(a.size)
+
+
+def _row_winners(ref, got, rows, cls) -> tuple:
+    def winners(values):
+        order = np.lexsort((-values, rows))
+        first = np.ones(order.size, bool)
+        first[1:] = rows[order][1:] != rows[order][:-1]
+        return cls[order][first]
+    return winners(ref), winners(got)

@@ -1,0 +1,290 @@
+"""Output views found from the graph: what each output's fidelity is judged on.
+
+A whole-output cosine sees only the largest numbers in it: a YOLOv8 head ``[1, 4+C, N]``
+concatenates box coordinates (hundreds) with sigmoid class scores (0…1), so the scores can
+lose their detections while the output's cosine reads 0.9995. The views:
+
+1. **branches** — an output that is a ``Concat`` (possibly nested, behind ``Transpose``,
+   ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``, ``Identity``, ``Cast``: the *layout
+   tail*) of *leaves* of different kinds is split by kind, each part its own view on its own
+   scale. A leaf's kind is that of the first op behind it that is not a slicing or layout op
+   (``Split``, ``Slice``, ``Gather`` and the tail's ops are looked through): ``Sigmoid`` /
+   ``HardSigmoid`` → ``scores``, ``Softmax`` / ``LogSoftmax`` → ``probs``, anything else →
+   ``values`` (box regression: ``(σ·2 − 0.5 + grid)·stride`` is values, not scores).
+2. **decisions** — beside the cosine of a ``scores`` part, the set of its elements above
+   :data:`SCORE_THRESHOLD` (a detector's confidence cut); of a ``probs`` part (``Softmax``),
+   the arg-max over the softmax axis, for every position of the other axes.
+3. **exact** — integer and boolean outputs (``ArgMax``, ``TopK`` indices, masks) must agree
+   element by element.
+
+Which element of an output came from which leaf, and which softmax row and class it is, is
+found by sending *label arrays* through the tail: each leaf replaced by an integer array of its
+shape (its branch, its row, its class index), the tail's layout ops applied to those in numpy.
+That needs the leaves' shapes (and any shape input the tail computes at run time): they are read
+once per input shape from one run of the original (:meth:`Views.labels`, ``runner``), and only
+for outputs whose tail is not empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+SCORE_THRESHOLD = 0.25  # a sigmoid score above it is a decision (YOLO's default confidence)
+LAYOUT_OPS = {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat"}
+LOOK_THROUGH = {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice",
+                "Gather"}
+KIND_OF_OP = {"Sigmoid": "scores", "HardSigmoid": "scores", "Softmax": "probs", "LogSoftmax": "probs"}
+
+
+def _integer_type(elem_type: int) -> bool:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).kind in "iub"
+    except Exception:  # noqa: BLE001 - undefined / string / float8 types
+        return False
+
+
+@dataclass(frozen=True)
+class View:
+    """One view of one output. ``kind``: ``values`` (cosine / relative error), ``scores``
+    (values + the set above the threshold), ``probs`` (values + the arg-max per softmax row),
+    ``exact`` (element-wise equality). ``branch``: the leaf kind this view keeps of a split
+    output (None: the whole output)."""
+
+    output: str
+    kind: str
+    branch: str | None = None
+    axis: int | None = None  # probs without a tail: the softmax axis of the output itself
+
+    @property
+    def name(self) -> str:
+        return f"{self.output}[{self.branch}]" if self.branch else self.output
+
+    @property
+    def decides(self) -> bool:
+        return self.kind in ("scores", "probs", "exact")
+
+
+@dataclass
+class _Tail:
+    """The layout ops between an output and its leaves (topological order) and the leaves."""
+
+    nodes: list
+    leaves: list  # (tensor name, kind, softmax axis or None, softmax coerces to 2-D (opset < 13))
+    needs: list = field(default_factory=list)  # run-time tensors the tail's shape inputs read
+
+
+class Views:
+    """The views of a model's outputs (:func:`find_views`) and their label masks."""
+
+    def __init__(self, views: list, tails: dict, constants: dict):
+        self.views = views
+        self._tails = tails  # output → _Tail (only outputs with a non-empty tail)
+        self._constants = constants
+        self._cache = {}
+
+    def __iter__(self):
+        return iter(self.views)
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    @property
+    def runtime_tensors(self) -> list:
+        """Tensors of the original a run must return to label the tails (empty: none needed)."""
+        names = []
+        for tail in self._tails.values():
+            names += [leaf[0] for leaf in tail.leaves if leaf[0] not in self._constants] + tail.needs
+        return list(dict.fromkeys(names))
+
+    def labels(self, output: str, values: dict) -> dict | None:
+        """``{"branch": …, "row": …, "cls": …}`` integer arrays of the output's shape, from the
+        run-time tensors ``values`` (name → array); None when the output has no tail."""
+        tail = self._tails.get(output)
+        if tail is None:
+            return None
+        values = {**{n: numpy_helper.to_array(self._constants[n]) for n, *_ in tail.leaves if n in self._constants},
+                  **values}
+        key = (output,) + tuple(tuple(np.shape(values[name])) for name in
+                                [leaf[0] for leaf in tail.leaves]) + tuple(
+            tuple(np.asarray(values[n]).ravel().tolist()) for n in tail.needs)
+        if key not in self._cache:
+            self._cache[key] = _trace(tail, values, self._constants)
+        return self._cache[key]
+
+
+def find_views(proto: onnx.ModelProto) -> Views:
+    """The views of every graph output (see the module docstring)."""
+    graph = proto.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = _constants(graph)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    views, tails = [], {}
+    for out in graph.output:
+        elem = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
+        if not out.type.HasField("tensor_type"):
+            continue  # sequences, maps, optionals: judged by the verifier's own rules
+        if _integer_type(elem):
+            views.append(View(out.name, "exact"))
+            continue
+        tail = _tail(out.name, producers, constants, opset)
+        kinds = list(dict.fromkeys(kind for _, kind, _, _ in tail.leaves))
+        if not tail.nodes:  # the output is a leaf itself
+            kind, axis, _ = tail.leaves[0][1], tail.leaves[0][2], tail.leaves[0][3]
+            views.append(View(out.name, kind, axis=axis if kind == "probs" else None))
+            continue
+        if len(kinds) > 1:
+            views += [View(out.name, kind, branch=kind) for kind in kinds]
+        else:
+            views.append(View(out.name, kinds[0]))
+        if len(kinds) > 1 or kinds[0] == "probs":  # labels needed: branches, or softmax rows
+            tails[out.name] = tail
+    return Views(views, tails, constants)
+
+
+def _constants(graph) -> dict:
+    found = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            found[node.output[0]] = node.attribute[0].t
+    return found
+
+
+def _leaf_kind(name: str, producers: dict, constants: dict) -> str:
+    seen = 0
+    while name in producers and seen < 64:
+        node = producers[name]
+        if node.op_type in KIND_OF_OP:
+            return KIND_OF_OP[node.op_type]
+        if node.op_type not in LOOK_THROUGH or not node.input:
+            return "values"
+        name, seen = node.input[0], seen + 1
+    return "values"
+
+
+def _softmax_axis(node, opset: int) -> tuple:
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+    return axis, opset < 13
+
+
+def _tail(output: str, producers: dict, constants: dict, opset: int) -> _Tail:
+    """Walk back from ``output`` through layout ops; the first other tensors are leaves."""
+    nodes, leaves, needs, stack, seen = [], [], [], [output], set()
+    while stack:
+        name = stack.pop()
+        node = producers.get(name)
+        if node is None or node.op_type not in LAYOUT_OPS or name in seen or name in constants:
+            if name in seen:
+                continue
+            seen.add(name)
+            kind, axis, coerce = _leaf_kind(name, producers, constants), None, False
+            if kind == "probs" and node is not None and node.op_type in ("Softmax", "LogSoftmax"):
+                axis, coerce = _softmax_axis(node, opset)
+            elif kind == "probs":  # a slice of a softmax: its rows are not known here
+                kind = "values"
+            leaves.append((name, kind, axis, coerce))
+            continue
+        seen.add(name)
+        nodes.append(node)
+        data = list(node.input) if node.op_type == "Concat" else [node.input[0]]
+        stack.extend(reversed(data))
+        needs += [n for n in node.input[1:] if node.op_type != "Concat" and n and n not in constants]
+    nodes.reverse()  # producers before consumers
+    return _Tail(_toposort(nodes), leaves, list(dict.fromkeys(needs)))
+
+
+def _toposort(nodes: list) -> list:
+    made = {out for node in nodes for out in node.output}
+    done, order, pending = set(), [], list(nodes)
+    while pending:
+        ready = [n for n in pending if all(i not in made or i in done for i in n.input)]
+        if not ready:  # a cycle cannot happen in a valid graph; keep the order given
+            return order + pending
+        for node in ready:
+            order.append(node)
+            done.update(node.output)
+            pending.remove(node)
+    return order
+
+
+# --- label arrays through the tail --------------------------------------------------------
+
+def _leaf_labels(shape: tuple, branch: int, axis, coerce: bool, row_offset: int) -> dict:
+    size = int(np.prod(shape, dtype=np.int64))
+    index = np.arange(size, dtype=np.int64).reshape(shape)
+    rank = len(shape)
+    if axis is None or rank == 0:
+        rows, cls = index + row_offset, np.zeros(shape, np.int64)
+    else:
+        axis = axis % rank
+        if coerce:  # opset < 13: one distribution over every axis from `axis` on
+            inner = int(np.prod(shape[axis:], dtype=np.int64))
+            rows, cls = index // max(inner, 1) + row_offset, index % max(inner, 1)
+        else:
+            cls = np.indices(shape, dtype=np.int64)[axis] if size else np.zeros(shape, np.int64)
+            rows = (index - cls * int(np.prod(shape[axis + 1:], dtype=np.int64))) + row_offset
+    return {"branch": np.full(shape, branch, np.int64), "row": rows, "cls": cls}
+
+
+def _trace(tail: _Tail, values: dict, constants: dict) -> dict:
+    env, offset, kinds = {}, 0, []
+    for name, kind, axis, coerce in tail.leaves:
+        if kind not in kinds:
+            kinds.append(kind)
+        shape = tuple(np.shape(values[name]))
+        env[name] = _leaf_labels(shape, kinds.index(kind), axis, coerce, offset)
+        offset += int(np.prod(shape, dtype=np.int64))
+    known = {n: numpy_helper.to_array(t) for n, t in constants.items()}
+    known.update({n: np.asarray(values[n]) for n in tail.needs})
+    out = None
+    for node in tail.nodes:
+        out = {key: _apply(node, [env[node.input[0]][key]] if node.op_type != "Concat" else
+                           [env[i][key] for i in node.input], known) for key in ("branch", "row", "cls")}
+        env[node.output[0]] = out
+    labels = dict(out)
+    labels["kinds"] = kinds
+    return labels
+
+
+def _attr(node, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _axes(node, known: dict):
+    axes = _attr(node, "axes")
+    if axes is None and len(node.input) > 1 and node.input[1]:
+        axes = known[node.input[1]].tolist()
+    return None if axes is None else [int(a) for a in axes]
+
+
+def _apply(node, arrays: list, known: dict) -> np.ndarray:
+    x, op = arrays[0], node.op_type
+    if op in ("Identity", "Cast"):
+        return x
+    if op == "Concat":
+        return np.concatenate(arrays, axis=int(_attr(node, "axis", 0)))
+    if op == "Transpose":
+        perm = _attr(node, "perm")
+        return np.transpose(x, perm if perm is not None else None)
+    if op == "Flatten":
+        axis = int(_attr(node, "axis", 1)) % max(x.ndim, 1) if x.ndim else 0
+        return x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+    if op == "Squeeze":
+        axes = _axes(node, known)
+        return np.squeeze(x, axis=tuple(axes) if axes is not None else None)
+    if op == "Unsqueeze":
+        axes = sorted(a % (x.ndim + len(_axes(node, known))) for a in _axes(node, known))
+        for a in axes:
+            x = np.expand_dims(x, a)
+        return x
+    # Reshape
+    shape = [int(d) for d in known[node.input[1]].ravel()]
+    if not _attr(node, "allowzero", 0):
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return x.reshape(shape)
