@@ -41,6 +41,13 @@ Size and cost
     :func:`report.model_stats`; ``macs``: :func:`bench_macs.estimate_macs` at the benchmarked
     input shapes.
 
+What runs (``executed``)
+    Per model and provider, once (before the timing): :func:`executed.executed` — the graph ORT
+    writes after its optimisations at the benchmarked ``opt_level``: int8 kernels and float
+    compute ops by kind, the share of MACs and of weight elements in int8 kernels, and the
+    DequantizeLinear nodes it left with the op each feeds. A QDQ model that ORT cannot fuse
+    shows as float here, whatever its Q/DQ count.
+
 Drift
     Each model's outputs on every sample vs the first model's in the same group:
     :func:`metrics.compare` per sample, :func:`metrics.merge` (worst case) per output. Outputs
@@ -72,6 +79,7 @@ from .bench_macs import estimate_macs
 from .bench_render import render
 from .calibration import input_specs
 from .errors import UserError
+from .executed import executed
 from .metrics import compare, merge
 from .model import load_proto, save_proto
 from .report import _json_default, model_stats
@@ -212,6 +220,29 @@ def output_drift(reference: list, outputs: list) -> dict:
         ref: merge([compare(a[ref], b[name]) for a, b in zip(reference, outputs)]).to_dict()
         for ref, name in pairs
     }
+
+
+def view_drift(views, runtime, reference: list, outputs: list) -> list | None:
+    """Per output view (:mod:`.fidelity.views`, found from the first model's graph): worst-sample
+    cosine, relative error, decision agreement — as the optimize report judges them."""
+    from .fidelity import Target, judge
+
+    if views is None or not len(views) or set(reference[0]) - set(outputs[0]):
+        return None
+    return [score.to_dict() for score in judge(views, reference, outputs, Target("none"), runtime).scores]
+
+
+def _views_of(proto: onnx.ModelProto, feeds: list) -> tuple:
+    """The first model's output views and, when a view needs them, its tail tensors per feed."""
+    from .fidelity import find_views
+    from .fidelity.context import reference_outputs
+
+    try:
+        views = find_views(proto)
+        runtime = reference_outputs(proto, feeds, views)[1] if views.runtime_tensors else None
+    except Exception:  # noqa: BLE001 - views are a refinement; a model they cannot label keeps its drift
+        return None, None
+    return views, runtime
 
 
 def _files_of(path: Path, proto: onnx.ModelProto) -> list:
@@ -362,6 +393,16 @@ def _static_stats(entry: Entry, feed: dict, codec: str) -> dict:
             "macs": macs, "macs_unresolved_nodes": unresolved}
 
 
+def _executed(entry: Entry, provider: str, opt_level: str, feed: dict) -> dict:
+    """What ORT runs for ``entry`` on ``provider`` (module docstring); ``{"error": …}`` when it
+    cannot build the session (the timing row says so too)."""
+    shapes = {k: list(np.shape(v)) for k, v in feed.items()}
+    try:
+        return executed(entry.path or entry.proto, provider, opt_level, shapes, feed, proto=entry.proto)
+    except Exception as exc:  # noqa: BLE001 - a model ORT cannot load is a row with an error, not a crash
+        return {"error": f"ONNX Runtime: {_first_line(exc)}"}
+
+
 def _init_ort_environment() -> None:
     """One throwaway session, so the first model's session time excludes ORT's global setup."""
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
@@ -375,7 +416,8 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
-def _run_group(entries, feeds, provider, threads, opt_level, runs, warmup, metric, memory, files, progress):
+def _run_group(entries, feeds, provider, threads, opt_level, runs, warmup, metric, memory, files, progress,
+               views=(None, None)):
     """Rows of one (provider, threads) group: sessions, outputs, interleaved timing, memory."""
     rows, sessions, outputs = [], {}, {}
     for m, entry in enumerate(entries):
@@ -407,6 +449,7 @@ def _run_group(entries, feeds, provider, threads, opt_level, runs, warmup, metri
         ratio, spread = paired_ratio(times[m], times[0]) if 0 in times else (None, None)
         row["latency_ratio_vs_first"], row["latency_ratio_spread"] = ratio, spread
         row["drift"] = output_drift(outputs[0], outputs[m]) if 0 in outputs else None
+        row["views"] = view_drift(*views, outputs[0], outputs[m]) if 0 in outputs and m else None
         row["metric"] = metric(outputs[0], outputs[m]) if metric and 0 in outputs else None
         if memory:
             row.update(peak_memory(files[m], feeds, provider, threads, opt_level, max(1, min(runs, MEMORY_RUNS))))
@@ -467,15 +510,20 @@ def benchmark(
     for entry in entries:
         entry.static = {"batch": batch_size, **_static_stats(entry, feeds[0], compression)}
     _init_ort_environment()
+    views = _views_of(entries[0].proto, feeds)
     rows = []
     with tempfile.TemporaryDirectory(prefix="slim-bench-") as tmp:
         files = [None] * len(entries)
         if memory:  # the child process needs a file
             files = [e.path or save_proto(e.proto, Path(tmp) / f"model{i}.onnx") for i, e in enumerate(entries)]
         for provider in full_providers:
+            runs_as = [_executed(e, provider, opt_level, feeds[0]) for e in entries]
             for t in threads:
-                rows += _run_group(entries, feeds, provider, int(t), opt_level, runs, warmup, metric, memory,
-                                   files, progress)
+                group = _run_group(entries, feeds, provider, int(t), opt_level, runs, warmup, metric, memory,
+                                   files, progress, views)
+                for row, what in zip(group, runs_as):
+                    row["executed"] = what
+                rows += group
     settings = {
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "runs": runs, "warmup": warmup, "opt_level": opt_level, "batch": batch_size, "samples": len(feeds),

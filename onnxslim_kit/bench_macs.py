@@ -9,8 +9,9 @@ op                                          MACs
 ==========================================  ===============================================
 Conv, ConvInteger, QLinearConv              ``|Y| · ∏ W.shape[1:]``  (W = [C_out, C_in/group, k…])
 ConvTranspose                               ``|X| · ∏ W.shape[1:]``  (W = [C_in, C_out/group, k…])
-Gemm                                        ``M · N · K`` = ``|Y| · K``
-MatMul, MatMulInteger, QLinearMatMul        ``|Y| · K``, K = last dimension of A
+Gemm, FusedGemm, QGemm                      ``M · N · K`` = ``|Y| · K`` (Y unknown: M from A, N from B)
+MatMul, MatMulInteger, QLinearMatMul,       ``|Y| · K``, K = last dimension of A
+MatMulIntegerToFloat, DynamicQuantizeMatMul
 LSTM, GRU, RNN                              ``T · B · (|W| + |R|)`` = T·B·D·G·H·(I + H), G = 4/3/1 gates
 ==========================================  ===============================================
 
@@ -18,7 +19,9 @@ Other ops (element-wise, pooling, normalisation, Softmax…) are cheap next to t
 not counted. Shapes that inference leaves open in the main graph are measured by one ORT
 run when a sample is given; a counted op whose shapes stay unknown adds 1 to ``unresolved``
 instead of guessing. ``If`` counts its larger branch; ``Loop``/``Scan`` bodies count one
-iteration (the trip count is data).
+iteration (the trip count is data). The com.microsoft forms (FusedConv, FusedMatMul, QGemm,
+MatMulIntegerToFloat, DynamicQuantizeMatMul…) are those of graphs ORT saved after its
+optimisations (:mod:`.executed`), counted with the formula of their ONNX counterpart.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from .activations import iter_activations
 
 # op: index of W (com.microsoft Fused* ops appear in models saved after ORT optimisation)
 CONV = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3, "FusedConv": 1}
-MATMUL = {"MatMul": 0, "MatMulInteger": 0, "QLinearMatMul": 0, "FusedMatMul": 0}  # op: index of A
+MATMUL = {"MatMul": 0, "MatMulInteger": 0, "QLinearMatMul": 0, "FusedMatMul": 0,  # op: index of A
+          "MatMulIntegerToFloat": 0, "DynamicQuantizeMatMul": 0}
+GEMM = {"Gemm": 1, "FusedGemm": 1, "QGemm": 3}  # op: index of B
 RNN = {"LSTM", "GRU", "RNN"}
 
 
@@ -41,6 +46,20 @@ def estimate_macs(proto: onnx.ModelProto, input_shapes: dict | None = None, feed
 
     With ``feed`` (one input sample), main-graph tensors whose shapes inference leaves open
     are measured by running the model once with them exposed as outputs."""
+    model = inferred(proto, input_shapes)
+    if model is None:
+        return None, None
+    macs, unresolved = graph_macs(model.graph, {})
+    if unresolved and feed is not None:
+        measured = _measured(proto, model.graph, feed)
+        if measured is not None:
+            macs, unresolved = graph_macs(model.graph, measured)
+    return macs, unresolved
+
+
+def inferred(proto: onnx.ModelProto, input_shapes: dict | None = None) -> onnx.ModelProto | None:
+    """A copy of ``proto`` with its inputs fixed to ``input_shapes`` and shapes inferred
+    (None when inference fails outright)."""
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     for value in model.graph.input:
@@ -52,23 +71,36 @@ def estimate_macs(proto: onnx.ModelProto, input_shapes: dict | None = None, feed
         for d in shape:
             dims.dim.add().dim_value = int(d)
     try:
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference raises several types (and fails on >2 GB)
-        return None, None
-    macs, unresolved = graph_macs(model.graph, {})
-    if unresolved and feed is not None:
-        missing = _unknown_tensors(model.graph)
-        try:
-            measured = next(iter_activations(proto, missing, [feed]))
-        except Exception:  # noqa: BLE001 - ORT may not run it; keep the inferred count
-            return macs, unresolved
-        macs, unresolved = graph_macs(model.graph, {k: list(v.shape) for k, v in measured.items()})
-    return macs, unresolved
+        return None
+
+
+def _measured(proto: onnx.ModelProto, graph: onnx.GraphProto, feed: dict) -> dict | None:
+    """``{name: shape}`` of the main-graph tensors counted nodes need and inference left open,
+    from one ORT run of ``proto`` on ``feed`` (None when ORT cannot run it)."""
+    try:
+        measured = next(iter_activations(proto, _unknown_tensors(graph), [feed]))
+    except Exception:  # noqa: BLE001 - ORT may not run it; keep the inferred count
+        return None
+    return {k: list(v.shape) for k, v in measured.items()}
+
+
+def main_shapes(proto: onnx.ModelProto, input_shapes: dict | None = None, feed: dict | None = None) -> dict:
+    """``{name: shape}`` of ``proto``'s main-graph tensors whose shapes are known: inferred at
+    ``input_shapes``, and with ``feed`` those counted nodes need measured by one run."""
+    model = inferred(proto, input_shapes)
+    if model is None:
+        return {}
+    shapes = graph_shapes(model.graph, {})
+    if feed is not None and _unknown_tensors(model.graph):
+        shapes.update(_measured(proto, model.graph, feed) or {})
+    return shapes
 
 
 def _unknown_tensors(graph: onnx.GraphProto) -> list:
     """Names of the main-graph tensors a counted node needs but shape inference did not give."""
-    shapes = _shapes(graph, {})
+    shapes = graph_shapes(graph, {})
     names = []
     for node in graph.node:
         if node_macs(node, shapes) is None:
@@ -76,7 +108,9 @@ def _unknown_tensors(graph: onnx.GraphProto) -> list:
     return list(dict.fromkeys(names))
 
 
-def _shapes(graph: onnx.GraphProto, outer: dict) -> dict:
+def graph_shapes(graph: onnx.GraphProto, outer: dict) -> dict:
+    """``{name: shape}`` of one graph's fully known tensors (value_info, initializers, Constant
+    outputs), over ``outer`` (the shapes of enclosing scopes or measured ones)."""
     shapes = dict(outer)
     for value in list(graph.input) + list(graph.value_info) + list(graph.output):
         if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
@@ -95,7 +129,7 @@ def _shapes(graph: onnx.GraphProto, outer: dict) -> dict:
 
 def graph_macs(graph: onnx.GraphProto, outer: dict) -> tuple:
     """``(macs, unresolved)`` of one graph; ``outer`` holds the shapes of enclosing scopes."""
-    shapes = _shapes(graph, outer)
+    shapes = graph_shapes(graph, outer)
     total, unresolved = 0, 0
     for node in graph.node:
         subgraphs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
@@ -135,10 +169,14 @@ def _conv_transpose_macs(node, shape):
 
 
 def _gemm_macs(node, shape):
-    a, y = shape(0), shape(0, outputs=True)
-    if a is None or y is None or len(a) != 2:
+    a, y, b = shape(0), shape(0, outputs=True), shape(GEMM[node.op_type])
+    if a is None or len(a) != 2:
         return None
-    return math.prod(y) * (a[0] if _trans_a(node) else a[1])
+    k = a[0] if _trans_a(node) else a[1]
+    if y is None and b is not None and len(b) == 2:  # Y = M × N from A and B (ORT's MatMul+Add → Gemm)
+        transposed = any(at.name == "transB" and at.i for at in node.attribute)
+        y = [a[1] if _trans_a(node) else a[0], b[0] if transposed else b[1]]
+    return None if y is None else math.prod(y) * k
 
 
 def _matmul_macs(node, shape):
@@ -160,7 +198,7 @@ def _counter(op: str):
         return _conv_macs
     if op == "ConvTranspose":
         return _conv_transpose_macs
-    if op in ("Gemm", "FusedGemm"):
+    if op in GEMM:
         return _gemm_macs
     if op in MATMUL:
         return _matmul_macs

@@ -318,6 +318,7 @@ def run_pipeline(
         release(big)
         candidate = model.to_proto()
         drop_new_value_info(candidate, model.source_value_info)
+        _note_executed(entry, candidate, feed)
         good_stats = model_stats(candidate)
         report.passes.append(entry.finish(good_stats))
         # no proto is kept while the next pass runs (one whole-model copy fewer); after the
@@ -367,6 +368,16 @@ def _judging(original, resolved: list, feed, eval_feed, target, report: Report, 
     if verifier is not None:
         report.original_check = verifier.original_check
     return feed, fidelity, verifier, lossy
+
+
+def _note_executed(entry: PassReport, candidate: onnx.ModelProto, feed) -> None:
+    """What ONNX Runtime runs of a quantized result (:mod:`.executed`: int8 kernels, the share of
+    MACs in them, the DequantizeLinear it left), in the pass's metrics and notes."""
+    from .executed import executed_line, executed_summary, has_quantized_ops
+
+    if not entry.lossless and entry.modified and has_quantized_ops(candidate):
+        entry.metrics["executed"] = executed_summary(candidate, next(iter(feed), None))
+        entry.notes.append(executed_line(entry.metrics["executed"]))
 
 
 def _user_metric(metric):

@@ -200,6 +200,79 @@ def test_macs_measured_when_inference_cannot_tell():
     assert estimate_macs(model, {"x": [1, 24], "shape": [2]}, feed) == (4 * 5 * 6, 0)
 
 
+@pytest.mark.parametrize("op,b_index", [("Gemm", 1), ("QGemm", 3)])
+@pytest.mark.parametrize("trans_b,b_shape", [(1, [10, 16]), (0, [16, 10])])
+def test_gemm_macs_from_a_and_b_when_the_output_shape_is_unknown(op, b_index, trans_b, b_shape):
+    from onnxslim_kit.bench_macs import node_macs
+
+    inputs = ["a"] + [f"i{k}" for k in range(1, b_index)] + ["b"]
+    node = onnx.helper.make_node(op, inputs, ["y"], transB=trans_b)
+    assert node_macs(node, {"a": [2, 16], "b": b_shape}) == 2 * 10 * 16
+    assert node_macs(node, {"a": [2, 16]}) is None  # neither Y nor B: unknown, never guessed
+
+
+QDQ_CONV = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 4, 8, 8] x) => (float[1, 8, 8, 8] y)
+ <int8[8, 4, 1, 1] wq = {WQ}, float ws = {0.02}, int8 wz = {0}, float xs = {0.02}, uint8 xz = {128},
+  float ys = {0.05}, uint8 yz = {128}> {
+  xq = QuantizeLinear(x, xs, xz)
+  xd = DequantizeLinear(xq, xs, xz)
+  wd = DequantizeLinear(wq, ws, wz)
+  c = Conv(xd, wd)
+  TAIL
+  yq = QuantizeLinear(a, ys, yz)
+  y = DequantizeLinear(yq, ys, yz)
+}
+"""
+CONV_MACS = 8 * 8 * 8 * 4  # |Y| · C_in (1×1 kernel)
+
+
+def qdq_conv(tail: str, rng) -> onnx.ModelProto:
+    """A 1×1 conv in QDQ; ``tail`` makes ``a`` from ``c`` (Identity: ORT fuses it to QLinearConv)."""
+    wq = "{" + ", ".join(str(v) for v in rng.integers(-127, 128, 32)) + "}"
+    return parse(QDQ_CONV.replace("{WQ}", wq).replace("TAIL", tail))
+
+
+def test_rows_say_what_ort_runs_in_int8(rng):
+    fused, unfused = qdq_conv("a = Identity(c)", rng), qdq_conv("a = HardSwish(c)", rng)
+    samples = samples_for(fused, 2)
+    report = bench.benchmark([fused, unfused], samples, names=["fused", "hardswish"], runs=2, warmup=0,
+                             memory=False)
+    first, second = (row["executed"] for row in report.rows)
+    assert first["int8_ops"] == {"QLinearConv": 1} and first["macs_int8"] == CONV_MACS
+    assert first["int8_mac_share"] == 1.0 and first["unfused"] == []
+    assert second["int8_ops"] == {} and second["macs_float"] == CONV_MACS and second["int8_mac_share"] == 0.0
+    assert {e["tensor"] for e in second["unfused"]} == {"xq", "wq"}
+    table = report.table()
+    header = table.splitlines()[0]
+    assert "int8 MACs" in header
+    cells = [line.split() for line in table.splitlines()[2:4]]
+    assert "100.0%" in cells[0] and "0.0%" in cells[1]
+    notes = [line for line in table.splitlines() if line.startswith("hardswish (cpu): ORT left DequantizeLinear → ")]
+    assert len(notes) == 1 and "float compute 1 of 1" in notes[0]
+    assert not any(line.startswith("fused (cpu): ORT left") for line in table.splitlines())
+    assert "| int8 MACs |" in report.markdown()
+
+
+def test_without_ort_optimizations_the_qdq_model_runs_float(rng):
+    fused = qdq_conv("a = Identity(c)", rng)
+    report = bench.benchmark([fused], samples_for(fused, 1), runs=1, warmup=0, memory=False, opt_level="disable")
+    assert report.rows[0]["executed"]["int8_mac_share"] == 0.0
+    assert report.rows[0]["executed"]["opt_level"] == "disable"
+
+
+def test_int8_cell_marks_unknown_macs_and_errors():
+    from onnxslim_kit.bench_render import int8_cell
+
+    assert int8_cell({"int8_mac_share": 0.5, "macs_unresolved": 2}) == "50.0% (2 ops unknown)"
+    assert int8_cell({"int8_mac_share": 6.5e-5}) == "<0.1%"  # a few tiny int8 convs: not 0
+    assert int8_cell({"int8_mac_share": 0.9996}) == ">99.9%"
+    assert int8_cell({"int8_mac_share": 0.0}) == "0.0%"
+    assert int8_cell({"error": "ONNX Runtime: no"}) == "—"
+    assert int8_cell(None) == "—"
+
+
 @pytest.mark.parametrize("codec", ["zlib", "lzma"])
 def test_compressed_size_of_file_and_proto(tmp_path, codec):
     zeros = affine(np.zeros((10, 16), np.float32), np.zeros(10, np.float32))

@@ -102,7 +102,9 @@ def _runs(path: Path) -> np.ndarray:
 
 
 def test_every_registered_pass_is_covered():
-    assert set(available_passes()) == set(PASSES)
+    built_in = {name for name, cls in available_passes().items()
+                if cls.__module__.startswith("onnxslim_kit.passes.")}  # not the test passes other tests register
+    assert built_in == set(PASSES)
 
 
 def test_the_input_keeps_its_weights_on_disk(source):
