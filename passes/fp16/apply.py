@@ -15,21 +15,24 @@ Given the convertible slots (:mod:`onnxslim_kit.passes.fp16.plan`) and the set o
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes.fp16.plan import F32, CastModel
-from onnxslim_kit.passes._common.graph import consumers, new_constant
+from onnxslim_kit.passes._common.graph import consumers
 
 F16 = np.dtype(np.float16)
 
 
-def apply(model, infos: list, half: set, keep_io: bool) -> int:
-    """Edit ``model.graph`` so the nodes ``infos[k]`` for k in ``half`` run in float16; returns Casts added."""
+def apply(model, infos: list, half: set, keep_io: bool, half_of=None) -> int:
+    """Edit ``model.graph`` so the nodes ``infos[k]`` for k in ``half`` run in float16; returns Casts added.
+    ``half_of(constant)``: the float16 values of a float32 weight (shared arrays; default: converted here)."""
     graph = model.graph
     cm = CastModel(graph, infos, keep_io)
-    _convert_constants(model, infos, half)
+    _convert_constants(model, infos, half, half_of or _to_half)
     tensors = dict(cm.tensors)
     if not keep_io:
         for t in list(graph.inputs) + list(graph.outputs):
@@ -41,7 +44,11 @@ def apply(model, infos: list, half: set, keep_io: bool) -> int:
     return casts
 
 
-def _convert_constants(model, infos: list, half: set) -> None:
+def _to_half(constant: gs.Constant) -> np.ndarray:
+    return np.asarray(constant.values).astype(np.float16)
+
+
+def _convert_constants(model, infos: list, half: set, half_of) -> None:
     """Float16 values for constants read by float16 slots: in place of the float32 array (same
     name) when every reader is such a slot, else a float16 copy under a fresh name."""
     half_slots = {(id(infos[k].node), i) for k in half for i in infos[k].ins}
@@ -54,11 +61,11 @@ def _convert_constants(model, infos: list, half: set) -> None:
                 continue
             readers = [(id(user), j) for user in consumers(t) for j, x in enumerate(user.inputs) if x is t]
             if all(slot in half_slots for slot in readers):
-                t.values = np.asarray(t.values).astype(np.float16)  # a new array, not an in-place edit
+                t.values = half_of(t)  # a new array, not an in-place edit
                 converted[id(t)] = t
                 continue
             if id(t) not in copies:
-                copies[id(t)] = new_constant(model, f"fp16/{t.name}", np.asarray(t.values).astype(np.float16))
+                copies[id(t)] = gs.Constant(model.fresh_name(f"fp16/{t.name}"), half_of(t))  # shared, not copied
                 converted[id(copies[id(t)])] = copies[id(t)]
             node.inputs[i] = copies[id(t)]
     _share_equal(model, list(converted.values()))
@@ -66,15 +73,19 @@ def _convert_constants(model, infos: list, half: set) -> None:
 
 def _share_equal(model, constants: list) -> None:
     """Readers of converted float16 constants with equal shape and bytes read the first of them
-    (main-graph readers only: a subgraph's own initializer is not visible elsewhere)."""
+    (main-graph readers only: a subgraph's own initializer is not visible elsewhere). Keyed by
+    a digest of the bytes (no copy of them), equality checked on the arrays."""
     main = {id(n) for n in model.graph.nodes}
-    first = {}
+    first: dict = {}
     for c in constants:
         if not all(id(user) in main for user in consumers(c)):
             continue
         values = np.asarray(c.values)
-        keep = first.setdefault((values.shape, values.tobytes()), c)
-        if keep is c:
+        digest = hashlib.blake2b(memoryview(np.ascontiguousarray(values)).cast("B")).digest()
+        group = first.setdefault((values.shape, values.dtype, digest), [])
+        keep = next((k for k in group if np.array_equal(np.asarray(k.values), values)), None)
+        if keep is None:
+            group.append(c)
             continue
         for user in consumers(c):
             for j, x in enumerate(user.inputs):
@@ -126,9 +137,11 @@ def _cast(model, src, dst, to_half: bool) -> gs.Node:
     return gs.Node("Cast", model.fresh_name("fp16/Cast"), {"to": to}, [src], [dst])
 
 
-def emulate(model, infos: list, half: set, keep_io: bool) -> None:
-    """Float32 graph that rounds like the float16 one: weights of float16 slots rounded to
-    float16, every float16 output (and, without ``keep_io``, every float input) passed through
+def emulate(model, infos: list, half: set, keep_io: bool, half_of=None) -> None:
+    """Float32 graph that rounds like the float16 one: weights of float16 slots read as
+    Cast(fp16(W) → float) (``half_of(constant)``: the float16 values, shared arrays; the Cast
+    runs in the session, so no float32 copy of the rounded weights is ever stored), every
+    float16 output (and, without ``keep_io``, every float input) passed through
     Cast(float16) → Cast(float32).
 
     ONNX Runtime's CPU provider computes float16 ops that lack a float16 kernel in float32
@@ -136,6 +149,7 @@ def emulate(model, infos: list, half: set, keep_io: bool) -> None:
     float16 device would show; the drift search measures this emulation instead.
     """
     graph = model.graph
+    half_of = half_of or _to_half
     rounded = {}
     for k in half:
         node = infos[k].node
@@ -143,8 +157,9 @@ def emulate(model, infos: list, half: set, keep_io: bool) -> None:
             t = node.inputs[i]
             if isinstance(t, gs.Constant) and np.dtype(t.dtype) == F32:
                 if id(t) not in rounded:
-                    values = np.asarray(t.values).astype(np.float16).astype(np.float32)
-                    rounded[id(t)] = new_constant(model, f"fp16/{t.name}", values)
+                    stored = gs.Constant(model.fresh_name(f"fp16/{t.name}"), half_of(t))  # shared, not copied
+                    rounded[id(t)] = gs.Variable(model.fresh_name(f"fp16/{t.name}_f32"), F32, t.shape)
+                    graph.nodes.append(_cast(model, stored, rounded[id(t)], False))
                 node.inputs[i] = rounded[id(t)]
         for i in infos[k].outs:
             t = node.outputs[i]

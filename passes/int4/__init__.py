@@ -59,10 +59,13 @@ session, a round's Hessians (≤ 64 MB) and the packed results — results/memor
 Defaults (session 2): ``method=gptq, act_order=true, symmetric=false, block_size=64,
 damp=0.1, search=false``, ``sequential=false``, and mixed
 precision ``max_ratio=0.16`` (:mod:`onnxslim_kit.passes.int4.mixed`: every layer is quantized to int4, each
-one's output loss alone is measured on ≤ 16 calibration samples, and the worst per extra byte
-become MatMulNBits ``bits=8`` while all MatMul weight bytes, scales and zero points included,
-stay ≤ 0.16× float; until the choice is made the pass holds every layer's int4 codes, packed
-two to a byte). Measured on all-MiniLM-L6-v2 (results/fp16_int4-2026-11-29-s2-minilm.md,
+one's output loss alone is measured on ≤ 16 calibration samples — for at most ``measured=12``
+layers: with more candidates, a local proxy (the layer's own output error on rows of its
+calibration inputs, :mod:`onnxslim_kit.passes.int4.proxy`, one forward pass) is scaled to the
+loss per class of layers and only the layers nearest the cut are measured — and the worst per
+extra byte become MatMulNBits ``bits=8`` while all MatMul weight bytes, scales and zero points
+included, stay ≤ 0.16× float; until the choice is made the pass holds every layer's int4
+codes, packed two to a byte). Measured on all-MiniLM-L6-v2 (results/fp16_int4-2026-11-29-s2-minilm.md,
 worst-sample cosine over 32 held-out sentences, level 4): default 0.1586× weights, token
 0.987, sentence 0.984; the same without 8-bit layers 0.1426×, 0.982 / 0.975; session 1's
 default (RTN block 32 sym) 0.952 / 0.942; ONNX Runtime's MatMulNBitsQuantizer RTN 0.956 /
@@ -77,6 +80,22 @@ Not kept: sequential GPTQ (MiniLM 0.974 vs 0.978 one round, 4× slower), asymmet
 after GPTQ (in-sample error −6 %, held-out cosine unchanged), full-H_bb block search (no
 better than the diagonal, 4× slower). Session 1: PP-OCRv4 rec awq 0.898 (the α chosen on 16
 calibration lines does not carry over), so ``awq`` stays off.
+Fidelity (issue 18; before it the pass had no target): with mixed precision the 8-bit layers
+are those of the greedy choice up to the shortest prefix whose emulated model holds the target
+— ``target`` empty (default) = the pipeline's ``--target`` and this pass's share of its budget,
+else the pass's own ``cos:V`` / ``top1:V`` / ``rel:V`` — judged per output view on the held-out
+samples against the original (:mod:`onnxslim_kit.passes.int4.judged`). So the step *stops*
+promoting when the share holds (fewer 8-bit layers than ``max_ratio`` allows, a smaller model)
+and promotes up to ``max_ratio`` while it is missed; ``target=none`` promotes all ``max_ratio``
+allows (the behaviour before). Reported when judged: ``target``, ``budget_used``,
+``budget_allowed``, ``views``, ``mixed_trials`` and a note naming the binding view and the
+judged samples. The layers are ranked by the loss of each output view (:func:`.mixed.sensitivities`).
+The int4 rounding itself has no target (GPTQ/RTN have no knob to trade). Measured
+(``benchmarks/inputs.py`` data, 32 calibration samples, 8 held out, defaults): mtcnn_onet
+all-int4 holds cos:0.99 (dense_5 0.99499, 50 % of the budget): no 8-bit layer, 0.1426× (the
+3 layers ``target=none`` promotes: 0.1442×, dense_5 0.99310 — worse on the held-out faces);
+ppocrv4_rec misses it even with the 3 layers 0.16× allows (softmax cosine 0.9758, CTC
+agreement 0.9759): all 3 promoted, as before.
 ``format=auto`` = ``nbits`` with ``accuracy_level=4`` — the fastest here. Measured on
 all-MiniLM-L6-v2 (ONNX Runtime 1.32 CPU, 1 thread, graph optimisations on, median of paired
 interleaved runs vs float32): MatMulNBits accuracy_level 0 (float compute) 1.04×, level 4
@@ -92,7 +111,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnxslim_kit.model import Model
-from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, check_target, exclusions, register_pass
 from onnxslim_kit.selection import GLOBAL_REASON, Selector
 
 from onnxslim_kit.passes.int4.promote import promote
@@ -128,6 +147,11 @@ class Int4Pass(Pass):
         "damp": Option(float, 0.1, "gptq dampening, as a fraction of mean(diag H)"),
         "max_ratio": Option(float, 0.16, "mixed precision: the layers whose int4 hurts the outputs most (measured) "
                                          "become 8-bit while all MatMul weights stay ≤ max_ratio × float (0: off)"),
+        "target": Option(str, "", "fidelity target (cos:V, top1:V, rel:V, none) the mixed-precision step stops "
+                                  "promoting at; default: the pipeline's --target share", parse=check_target),
+        "measured": Option(int, 12, "mixed precision: candidates whose output loss is measured (whole-model runs), "
+                                   "those nearest the cut the per-layer error proxy marks; the proxy predicts "
+                                   "the others (0: the proxy alone)"),
         "awq": Option(bool, False, "activation-aware scaling: per input channel scales s (searched on the "
                                    "calibration Hessian), weights ×s quantized, input ×1/s by a Mul"),
         "samples": Option(int, 32, "gptq/awq: calibration samples for the Hessians"),

@@ -156,8 +156,12 @@ def test_exclude_errors_are_one_line_user_errors():
         fp16(model, "block_ops=Sigmoid")
     with pytest.raises(UserError, match=r"has no option 'block_names'.*renamed: use exclude=re:REGEX"):
         fp16(model, "block_names=gate")
-    with pytest.raises(UserError, match=r"fp16\(target=\.\.\.\): expected cos:X, rel:X or none"):
-        resolve(parse_pass_list("fp16(target=cosine)"))  # checked before any pass runs
+    with pytest.raises(UserError, match=r"fp16\(target=\.\.\.\): 'cosine': 'cosine' is not a number; expected cos:V"):
+        resolve(parse_pass_list("fp16(target=cosine)"))  # a bare value reads as cos:V
+    with pytest.raises(UserError, match=r"fp16\(target=\.\.\.\): unknown target 'cosine:0.9'; expected cos:V"):
+        resolve(parse_pass_list("fp16(target=cosine:0.9)"))  # checked before any pass runs
+    with pytest.raises(UserError, match=r"fp16\(target=\.\.\.\): 'cos:2': a cos target must lie in \(0, 1\]"):
+        resolve(parse_pass_list("fp16(target=cos:2)"))
 
 
 def test_cli_exclude_matching_nothing_exits_2_with_one_line(tmp_path, capsys):

@@ -1,0 +1,117 @@
+"""The fidelity stop of ``int4``'s mixed precision: how many of the chosen 8-bit layers to keep.
+
+The greedy choice (:func:`.mixed.select`, loss per extra byte within ``max_ratio``) gives an
+order ``c_1, c_2, …, c_m``. The candidate ``P_j`` keeps ``c_1 … c_j`` at 8 bits and every other
+layer at int4; it is judged by the fidelity contract (:mod:`onnxslim_kit.fidelity`): its
+outputs on the held-out samples ``fid.samples`` against the original's ``fid.reference``,
+per output view, give the budget fraction ``u(j)``, and
+
+    j* = min { j ∈ [0, m] : u(j) ≤ fid.allowed }        (m when none meets: the size cap binds)
+
+found by binary search over ``j`` (``u`` taken as non-increasing in ``j``: each step moves
+one more layer from 4 to 8 bits), after ``j = 0`` and ``j = m`` are judged. So the step stops
+promoting once the pipeline's share of the budget holds (a smaller model than ``max_ratio``
+allows), and promotes up to ``max_ratio`` while the target is missed. ``target=none`` judges
+nothing and keeps all ``m``.
+
+The candidate model is an *emulation*: the model as the pass received it, with every
+targeted weight a graph input fed its dequantized value in the stored layout (int4 from the
+results held for the choice; 8-bit as :func:`.rewrite.rewrite_nbits8` / :func:`.rewrite.rewrite_int8`
+would store it), one ONNX Runtime session for all trials. Not emulated: MatMulNBits
+``accuracy_level=4``'s int8 activations (the pipeline's verification judges the real model),
+a weight shared by several layers is fed the first layer's int4 values, and a weight also
+read by another node (a tied embedding table) is not fed (that layer reads as float). Memory: the
+session's float weights plus one dequantized copy of the targeted weights (built once;
+a promoted layer's 8-bit copy replaces its int4 one for the trials that promote it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxslim_kit.runtime import give_back, make_session, prepare_feed
+
+import onnxslim_kit.passes.int4.mixed as _int4_mixed
+import onnxslim_kit.passes.int4.quant as _int4_quant
+from onnxslim_kit.passes.int4.rewrite import stored_layout
+from onnxslim_kit.passes.int4.rounds import codes
+
+
+def eight_bit(target, fmt: str) -> np.ndarray:
+    """The 8-bit weight of ``target`` in its stored layout, as the rewrite would encode it."""
+    wt = target.load()
+    if fmt == "nbits":
+        block = _int4_mixed.int8_block(wt.shape[1])
+        deq = _int4_quant.dequantize_int8_blocks(*_int4_quant.quantize_int8_blocks(wt, block), wt.shape[1])
+    else:
+        q, scale = _int4_quant.quantize_int8_columns(wt.T)
+        deq = (q.astype(np.float32) * scale).T
+    return stored_layout(target, deq)
+
+
+class Emulation:
+    """One session of the model with the targeted weights as inputs; :meth:`judge` a promotion."""
+
+    def __init__(self, model, targets: list, first: dict, fid, fmt: str):
+        self.fid, self.fmt = fid, fmt
+        nodes = {id(t.node) for t in targets}
+        self.targets = {}
+        for t in targets:
+            if all(id(user) in nodes for user in t.weight.outputs):  # not a tied embedding's table
+                self.targets.setdefault(t.weight.name, t)
+        proto = _int4_mixed._weights_as_inputs(model.to_proto(), list(self.targets))
+        self.session = make_session(proto, "basic", threads=1, arena=False)
+        del proto
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.feeds = [prepare_feed(self.session, s) for s in fid.samples]
+        self.int4 = {name: stored_layout(t, _int4_quant.dequantize(codes(first[t.key])))
+                     for name, t in self.targets.items()}
+        self.count = 0
+
+    def judge(self, promoted: list):
+        """The verdict of the model with ``promoted`` (weight names) at 8 bits, the rest int4."""
+        self.count += 1
+        weights = dict(self.int4)
+        weights.update({name: eight_bit(self.targets[name], self.fmt) for name in promoted if name in weights})
+        got = [dict(zip(self.outputs, self.session.run(self.outputs, {**feed, **weights}))) for feed in self.feeds]
+        del weights
+        return self.fid.judge(got)
+
+    def close(self) -> None:
+        self.session = self.int4 = self.feeds = None
+        give_back()
+
+
+def stop(model, targets: list, first: dict, order: list, fid, fmt: str) -> tuple:
+    """``(the first j* names of order, the verdict of that promotion, trials)`` (module docstring)."""
+    emulation = Emulation(model, targets, first, fid, fmt)
+    try:
+        verdicts = {0: emulation.judge([])}
+        if fid.met(verdicts[0]) or not order:
+            return [], verdicts[0], emulation.count
+        verdicts[len(order)] = emulation.judge(order)
+        if not fid.met(verdicts[len(order)]):
+            return list(order), verdicts[len(order)], emulation.count
+        lo, hi = 0, len(order)  # u(lo) > allowed, u(hi) ≤ allowed
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            verdicts[mid] = emulation.judge(order[:mid])
+            lo, hi = (lo, mid) if fid.met(verdicts[mid]) else (mid, hi)
+        return list(order[:hi]), verdicts[hi], emulation.count
+    finally:
+        emulation.close()
+
+
+def report(result, fid, verdict, kept: int, chosen: int, trials: int) -> None:
+    """``target``, ``budget_used``, ``budget_allowed``, the per-view figures and the note."""
+    result.metrics["target"] = str(fid.target)
+    result.metrics["budget_used"] = round(verdict.used, 4)
+    result.metrics["budget_allowed"] = round(fid.allowed, 4)
+    result.metrics["views"] = [s.to_dict() for s in verdict.scores]
+    result.metrics["mixed_trials"] = trials
+    held = "holds" if fid.met(verdict) else "missed within max_ratio"
+    result.notes.append(
+        f"mixed precision: {kept} of the {chosen} 8-bit layers max_ratio allows; fidelity {held}: "
+        f"{verdict.binding} binds (int4 emulated with dequantized weights), {verdict.used:.0%} of the "
+        f"{fid.target} budget used (allowed {fid.allowed:.0%}), judged on {verdict.samples} "
+        f"{fid.judged_on or 'samples'}")
