@@ -2,10 +2,21 @@
 
 Modes (chosen by the options):
 
-* no options — **strip** (lossless): channel units whose values are constant wherever they are
-  read (all-zero filters, possibly with a bias ``b`` → ``f(b)`` after activations) are removed
-  from every tensor of their dependency group; their constant contribution moves into the
-  consumers' biases (:mod:`onnxslim_kit.passes.prune.strip`, :mod:`onnxslim_kit.passes.prune.apply`).
+* ``target=none`` (or ``0``) — **strip** only (lossless): channel units whose values are constant
+  wherever they are read (all-zero filters, possibly with a bias ``b`` → ``f(b)`` after
+  activations) are removed from every tensor of their dependency group; their constant
+  contribution moves into the consumers' biases (:mod:`onnxslim_kit.passes.prune.strip`,
+  :mod:`onnxslim_kit.passes.prune.apply`). Strip always runs first, in every mode.
+* no options — strip, then **as much compute as the fidelity budget allows** (issue 18): the
+  amount ``r`` of ``prune(ratio=r)`` below is searched by bisection (at most 6 judged candidates,
+  each cut and re-fitted on the fit samples, judged per output view on the held-out samples
+  against the original, :mod:`onnxslim_kit.passes.prune.search`), and the largest that holds
+  ``ctx.fidelity`` (the pipeline's ``--target`` share, or the pass's own ``target=``: ``cos:V``,
+  ``top1:V``, ``rel:V``, a bare number = ``cos:V``) is kept. The pipeline's ``--target none``
+  means no search. Reported: ``ratio_reached`` (the share of the prunable compute removed),
+  ``target``, ``budget_used``, ``budget_allowed``, the per-view figures, every trial
+  (``search``: ``[r, ratio reached, budget used, held]``) and a note naming the binding view and
+  the judged samples (:mod:`onnxslim_kit.passes.prune.judged`).
 * ``ratio=r`` — structured pruning. **What ``r`` means** (``alloc=sensitivity``, the default, with
   ``scope=global`` and no ``max_loss``): the pruned model has lost at least the
   fraction ``r`` of the *prunable compute* (the MACs of the Conv/Gemm/MatMul channels that can be
@@ -27,9 +38,13 @@ Modes (chosen by the options):
   consumers' biases, then the consumers are re-fitted by ridge least squares toward their pruned
   weights against the model before pruning, the ridge strength chosen on held-out calibration
   samples (``refit``, :mod:`onnxslim_kit.passes.prune.refit`; one teacher run, truncated student runs,
-  :mod:`onnxslim_kit.passes.prune.student`), on ``samples`` calibration samples.
+  :mod:`onnxslim_kit.passes.prune.student`), on ``samples`` calibration samples (the ones the
+  pipeline lets the passes fit). ``ratio=`` is an explicit request: exactly that ratio is cut,
+  whatever the target; its verdict (the same figures as the search's) is reported, and the
+  pipeline reports a missed target.
 * ``sparsity=s`` / ``nm=N:M`` — unstructured / N:M magnitude sparsity on Conv/Gemm/MatMul
   weights (:mod:`onnxslim_kit.passes.prune.sparsity`); the file compresses better, inference is not faster.
+  With one of them and no ``ratio=`` no amount is searched (the sparsity asked for is the request).
 
 Dependency groups (:mod:`onnxslim_kit.passes.prune.groups`) decide what must be cut together; what cannot be
 cut is skipped with the reason counted in the report.
@@ -45,7 +60,7 @@ the producer's channels too, which ``exclude=`` of the producer does. With ``spa
 ``nm`` a selected node's weight is left dense. The pass's own ``exclude=`` must select at
 least one node (exit 2 with the closest names otherwise); terms of ``--exclude`` that match
 nothing are ignored. ``explain=true`` adds each group's
-description to the notes. Strip always runs first (also with ``ratio``).
+description to the notes.
 
 Concrete tensor shapes, needed to see through Reshape/Flatten and Resize, come from one
 ONNX Runtime run of the model on the first calibration sample. Only the main graph is
@@ -81,7 +96,7 @@ import onnx_graphsurgeon as gs
 
 from onnxslim_kit.activations import iter_activations
 from onnxslim_kit.errors import UserError
-from onnxslim_kit.api import Option, Pass, PassResult, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, check_target, register_pass
 from onnxslim_kit.selection import Selector
 
 from onnxslim_kit.passes._common.graph import const_value
@@ -116,11 +131,13 @@ EXCLUDE_WHERE = "prune(exclude=…)"
 EXCLUDED = "excluded"
 
 
-def analyse_model(model, ctx, keep=frozenset()):
-    """The channel graph of the main graph; the output channels of the nodes named in ``keep`` blocked."""
+def analyse_model(model, ctx, keep=frozenset(), shapes: dict | None = None):
+    """The channel graph of the main graph; the output channels of the nodes named in ``keep``
+    blocked. ``shapes``: the concrete shapes (measured on the first sample when None)."""
     model.graph.toposort()
-    sample = ctx.feed.take(1)[0]
-    cg = analyse(model.graph, concrete_shapes(model, sample))
+    if shapes is None:
+        shapes = concrete_shapes(model, ctx.feed.take(1)[0])
+    cg = analyse(model.graph, shapes)
     keep_outputs(cg, keep)
     return cg
 
@@ -155,6 +172,21 @@ def compressed_weight_bytes(model) -> int:
     return total
 
 
+NO_SEARCH = ("none", "0", "0.0")
+
+
+def parse_target(text: str, where: str) -> str:
+    """The ``target=`` option: a fidelity target (:func:`onnxslim_kit.api.check_target`), or
+    ``0`` (as ``none``: no search)."""
+    if str(text).strip().lower() in NO_SEARCH:
+        return "none"
+    return check_target(text, where)
+
+
+def no_search(target) -> bool:
+    return str(target or "").strip().lower() in NO_SEARCH
+
+
 def parse_nm(text: str):
     """``"2:4"`` → (2, 4); ``""`` → None."""
     if not text:
@@ -168,10 +200,15 @@ def parse_nm(text: str):
 @register_pass
 class PrunePass(Pass):
     name = "prune"
-    summary = "remove channels: strip constant ones (lossless), or prune by importance with re-fit"
+    summary = ("remove channels: strip constant ones, then as many as the fidelity target allows "
+               "(or ratio=), by measured loss per saved cost, with re-fit; target=none: strip only (lossless)")
     options = {
         "ratio": Option(float, 0.0, "share of the prunable compute to remove, at least — more where the least "
-                        "important channels carry more (alloc=rank: share of channel units; 0: strip only)"),
+                        "important channels carry more (alloc=rank: share of channel units; 0: as much as the "
+                        "fidelity target allows)"),
+        "target": Option(str, "", "fidelity target (cos:V, top1:V, rel:V, none; 0 = none: strip only); default: "
+                         "the pipeline's --target share. Without ratio= the pass removes as much compute as it "
+                         "allows", parse=parse_target),
         "criterion": Option(str, "obs", "channel importance", CRITERIA),
         "cost": Option(str, "none", "divide scores by each channel's MAC or measured-latency share",
                        ("none", "macs", "latency")),
@@ -196,7 +233,8 @@ class PrunePass(Pass):
     }
 
     def is_lossless(self, options: dict) -> bool:
-        return not options.get("ratio") and not options.get("sparsity") and not options.get("nm")
+        explicit = options.get("ratio") or options.get("sparsity") or options.get("nm")
+        return not explicit and no_search(options.get("target"))
 
     def run(self, model, ctx) -> PassResult:
         result = PassResult()
@@ -230,6 +268,10 @@ class PrunePass(Pass):
             from onnxslim_kit.passes.prune.ratio import prune_by_ratio
 
             prune_by_ratio(model, ctx, result, partial(analyse_model, keep=keep))
+        elif not self.is_lossless(opts) and not (opts["sparsity"] > 0 or nm):
+            from onnxslim_kit.passes.prune.search import prune_to_target
+
+            prune_to_target(model, ctx, result, partial(analyse_model, keep=keep))
         if opts["sparsity"] > 0 or nm:
             from onnxslim_kit.passes.prune.sparsity import sparsify
 

@@ -128,3 +128,7 @@ class CostModel:
     def commit(self, change: dict) -> None:
         for name, n in change.items():
             self.removed[name] += n
+
+    def reset(self) -> None:
+        """Nothing removed again (before another allocation on the same model)."""
+        self.removed = dict.fromkeys(self.size, 0)

@@ -25,23 +25,25 @@ import os
 import tempfile
 from collections import defaultdict
 
-import onnxruntime as ort
-
-from onnxslim_kit.runtime import run, session_options
+from onnxslim_kit.runtime import make_session, run
 
 RUNS = 6
 
 
 def node_times(proto, sample: dict, runs: int = RUNS) -> list:
     """Mean kernel seconds of each node of ``proto``'s main graph, by position."""
-    proto = type(proto).FromString(proto.SerializeToString())
-    for i, node in enumerate(proto.graph.node):
-        node.name = f"n{i}"
+    names = [node.name for node in proto.graph.node]
     with tempfile.TemporaryDirectory(prefix="slim-prof-") as tmp:
-        so = session_options("basic", 1)
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "prof")
-        session = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        # nodes named by position while the session's skeleton copy is made, then restored (no
+        # copy of the weights); make_session: weights left on disk and models over 2 GB load;
+        # pre-packing on, as deployed
+        try:
+            for i, node in enumerate(proto.graph.node):
+                node.name = f"n{i}"
+            session = make_session(proto, "basic", 1, profile=os.path.join(tmp, "prof"))
+        finally:
+            for node, name in zip(proto.graph.node, names):
+                node.name = name
         for _ in range(runs):
             run(session, sample)
         with open(session.end_profiling()) as f:

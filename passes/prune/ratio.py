@@ -1,5 +1,11 @@
 """Structured pruning at a ratio: choose the units to cut per group, cut, re-fit.
 
+In three steps a search over the amount (:mod:`onnxslim_kit.passes.prune.search`) reuses:
+:func:`make_plan` (statistics, scores and the cost model of the model before the cut, once),
+:func:`choose` (the units ``prune(ratio=r)`` removes) and :func:`cut` (remove them, re-fit).
+``prune(ratio=r)`` itself cuts exactly that and reports its verdict under the fidelity target
+(:mod:`onnxslim_kit.passes.prune.judged`).
+
 Selection, with ``P_g`` the prunable (not blocked) units of group ``g`` and ``T_g`` all its
 units:
 
@@ -45,17 +51,19 @@ that leaves nothing to cut. Rounding up keeps every source's channel count a mul
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from onnxslim_kit.api import PassResult
+from onnxslim_kit.api import PassResult, pass_fidelity
 
 from onnxslim_kit.passes.prune.apply import apply
 from onnxslim_kit.passes.prune.cost import CostModel
 from onnxslim_kit.passes.prune.importance import activation_stats, consumer_inputs, unit_costs, unit_scores
 from onnxslim_kit.passes.prune.latency import node_times, unit_latency
 from onnxslim_kit.passes.prune.refit import Refitter
-from onnxslim_kit.passes.prune.sensitivity import sensitivity_select
+from onnxslim_kit.passes.prune.judged import judge_model, report
+from onnxslim_kit.passes.prune.sensitivity import Curves
 
 
 def max_share(ratio: float, max_ratio: float) -> float:
@@ -122,17 +130,39 @@ def consumer_masks(cg, keep: dict) -> list:
     return [(c, m) for _, c, m in sorted(out, key=lambda t: t[0])]
 
 
-def prune_by_ratio(model, ctx, result, analyse_model) -> None:
+@dataclass
+class Plan:
+    """What every cut of one model shares: the teacher (the model before the cut), the fit
+    samples, the activation statistics, the scores, the cost model and (``alloc=sensitivity``)
+    the loss curves, measured once with the levels of ``cap``."""
+
+    teacher: object
+    samples: list
+    stats: dict
+    importance: dict
+    scores: dict
+    cost_model: CostModel
+    multiple: int
+    cap: float
+    curves: Curves | None = None
+
+    def prunable_saved(self, cg) -> float:
+        """What cutting every prunable unit would save (the denominator of the ratio reached)."""
+        blocked = cg.blocked_units()
+        return self.cost_model.saved([u for g in cg.source_groups() for u in g if u not in blocked])
+
+
+def make_plan(model, ctx, cg, result, cap: float) -> Plan:
+    """The :class:`Plan` of ``model`` (analysed as ``cg``), fitted on ``ctx.feed``."""
     opts = ctx.options
     teacher = model.to_proto()
-    cg = analyse_model(model, ctx)
     samples = ctx.feed.take(max(opts["samples"], 1))
     stats = activation_stats(cg, teacher, samples, consumer_inputs(cg))
     scores = importance = unit_scores(cg, opts["criterion"], stats, opts["seed"])
     costs = node_cost = None
     multiple = max(opts["multiple"], 1)
     if opts["cost"] == "latency":
-        times = node_times(model.to_proto(), samples[0])
+        times = node_times(teacher, samples[0])
         result.metrics["profiled_ms"] = round(1e3 * sum(times), 3)
         costs = unit_latency(cg, times)
         node_cost = {id(node): t for node, t in zip(cg.graph.nodes, times)}
@@ -141,50 +171,78 @@ def prune_by_ratio(model, ctx, result, analyse_model) -> None:
     if opts["cost"] != "none":
         mean = float(np.mean(list(costs.values()))) if costs else 1.0
         scores = {u: v * mean / max(costs.get(u, mean), 1e-12) for u, v in scores.items()}
-    cap = max_share(opts["ratio"], opts["max_ratio"])
-    removed = select(cg, scores, opts["ratio"], opts["scope"], opts["min_channels"], multiple, result, cap,
-                     importance, opts["max_loss"])
-    if removed and opts["alloc"] == "sensitivity" and opts["scope"] == "global" and not opts["max_loss"]:
-        # the budget comes from the ranking by importance alone: a cost-weighted ranking picks the
-        # expensive units, and their summed cost would be a far larger budget (det, cost=latency:
-        # MACs 0.19 of fuse at ratio 0.35)
-        budget = removed if scores is importance else select(
-            cg, importance, opts["ratio"], opts["scope"], opts["min_channels"], multiple, result, cap)
-        def ranked(target: float, cost_model) -> set:
-            """The ranked selection at the smallest ratio ≥ ``ratio`` that saves ``target``."""
-            def pick(r):
-                return select(cg, importance, r, "global", opts["min_channels"], multiple, PassResult(), cap)
-            lo, hi = opts["ratio"], 1.0
-            best = pick(hi)
-            for _ in range(12):
-                mid = (lo + hi) / 2
-                chosen = pick(mid)
-                if cost_model.saved(chosen) >= target:
-                    hi, best = mid, chosen
-                else:
-                    lo = mid
-            return best
+    return Plan(teacher, samples, stats, importance, scores, CostModel(cg, node_cost, multiple), multiple, cap)
 
-        removed = sensitivity_select(cg, teacher, stats, samples, importance, CostModel(cg, node_cost, multiple),
-                                     budget, cap, opts["min_channels"], multiple, result, ctx.progress,
-                                     floor=opts["ratio"], fallback=ranked)
-    if not removed:
-        result.skip(f"nothing to prune at this ratio: cuts come in steps of multiple={multiple} channels, "
-                    f"at most max_ratio={cap:g} of a group, keeping min_channels={opts['min_channels']}")
-        return
+
+def sensitivity_applies(opts) -> bool:
+    return opts["alloc"] == "sensitivity" and opts["scope"] == "global" and not opts["max_loss"]
+
+
+def choose(cg, plan: Plan, ratio: float, opts, result, progress=lambda it, **_: it) -> set:
+    """The units ``prune(ratio=ratio)`` removes (see the module docstring)."""
+    multiple, min_channels = plan.multiple, opts["min_channels"]
+    cap = max_share(ratio, opts["max_ratio"])
+    removed = select(cg, plan.scores, ratio, opts["scope"], min_channels, multiple, result, cap,
+                     plan.importance, opts["max_loss"])
+    if not removed or not sensitivity_applies(opts):
+        return removed
+    # the budget comes from the ranking by importance alone: a cost-weighted ranking picks the
+    # expensive units, and their summed cost would be a far larger budget (det, cost=latency:
+    # MACs 0.19 of fuse at ratio 0.35)
+    budget = removed if plan.scores is plan.importance else select(
+        cg, plan.importance, ratio, opts["scope"], min_channels, multiple, result, cap)
+
+    def ranked(target: float, cost_model) -> set:
+        """The ranked selection at the smallest ratio ≥ ``ratio`` that saves ``target``."""
+        def pick(r):
+            return select(cg, plan.importance, r, "global", min_channels, multiple, PassResult(), cap)
+        lo, hi = ratio, 1.0
+        best = pick(hi)
+        for _ in range(12):
+            mid = (lo + hi) / 2
+            chosen = pick(mid)
+            if cost_model.saved(chosen) >= target:
+                hi, best = mid, chosen
+            else:
+                lo = mid
+        return best
+
+    if plan.curves is None:
+        plan.curves = Curves(cg, plan.teacher, plan.stats, plan.samples, plan.importance, plan.cost_model,
+                             plan.cap, min_channels, multiple, result, progress)
+    return plan.curves.choose(budget, min(cap, plan.cap), result, floor=ratio, fallback=ranked)
+
+
+def cut(model, cg, plan: Plan, removed: set, opts, result, progress=lambda it, **_: it) -> None:
+    """Remove ``removed`` from ``model`` (analysed as ``cg``), the means folded, then re-fit."""
     result.metrics["units_pruned"] = len(removed)
-    means = {i: stats[c.tensor.name][0] for i, c in enumerate(cg.consumers)}
+    means = {i: plan.stats[c.tensor.name][0] for i, c in enumerate(cg.consumers)}
     keep = apply(model, cg, removed, means)
     result.rewrite("prune channel", len(removed))
     if opts["refit"]:
-        refitter = Refitter(model, teacher, samples, opts["seed"])
-        refitter.refit_all(consumer_masks(cg, keep), result, ctx.progress)
+        refitter = Refitter(model, plan.teacher, plan.samples, opts["seed"])
+        refitter.refit_all(consumer_masks(cg, keep), result, progress)
     shrunk = [(s.node, keep[s.node.outputs[0].name]) for s in cg.sources if not keep[s.node.outputs[0].name].all()]
     result.metrics["sources_shrunk"] = len(shrunk)
     if opts["explain"]:
         result.notes.extend(f"cut {node.op} {node.name!r}: {len(mask)} → {int(mask.sum())} channels"
                             for node, mask in shrunk)
     if opts["refit"]:
-        result.notes.append(
-            f"re-fit on the first {len(samples)} calibration samples; the pipeline verifies on samples of the "
-            "same feed, so its drift is optimistic — judge accuracy on held-out data")
+        result.notes.append(f"re-fit on {len(plan.samples)} calibration samples (the ones the passes fit)")
+
+
+def prune_by_ratio(model, ctx, result, analyse_model) -> None:
+    """``prune(ratio=…)``: exactly that ratio; the verdict on the judged samples reported."""
+    opts = ctx.options
+    cg = analyse_model(model, ctx)
+    plan = make_plan(model, ctx, cg, result, max_share(opts["ratio"], opts["max_ratio"]))
+    removed = choose(cg, plan, opts["ratio"], opts, result, ctx.progress)
+    if not removed:
+        result.skip(f"nothing to prune at this ratio: cuts come in steps of multiple={plan.multiple} channels, "
+                    f"at most max_ratio={plan.cap:g} of a group, keeping min_channels={opts['min_channels']}")
+        return
+    reached = plan.cost_model.saved(removed) / max(plan.prunable_saved(cg), 1e-30)
+    cut(model, cg, plan, removed, opts, result, ctx.progress)
+    fid = pass_fidelity(ctx)
+    report(result, fid, judge_model(model, fid), reached, plan.cost_model.saved(removed) / max(
+        plan.cost_model.full(), 1e-30))

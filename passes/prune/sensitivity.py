@@ -18,7 +18,10 @@ while others are forgiven by what follows. Here the model's *outputs* are measur
 
        L_g(n) = mean over outputs o of  Σ_samples ‖ŷ_o − y_o‖² / Σ_samples ‖y_o‖²
 
-   where an output made by Softmax/Sigmoid is measured at its input (the logits). How many
+   where an output made by Softmax/Sigmoid is measured at its input (the logits), and an output
+   that is a Concat of branches behind layout ops (a YOLO head) branch by branch, each branch an
+   ``o`` of its own (boxes in hundreds beside sigmoid scores would otherwise leave the scores
+   unmeasured; the split of the fidelity views, :mod:`onnxslim_kit.fidelity.views`). How many
    cut sizes and samples (:func:`budget`) scales with the model's compute: a budget of
    ``RUN_MACS`` multiply-accumulates. The resolution matters: with 3–4 sizes per group the
    greedy step below must take big chunks, and on ppocr_cls_v2 at ``ratio=0.4`` the worst
@@ -51,6 +54,7 @@ from onnxslim_kit.passes.prune.apply import expand
 from onnxslim_kit.passes.prune.importance import unit_costs
 
 SQUASHING = ("Softmax", "LogSoftmax", "Sigmoid")
+LAYOUT_OPS = ("Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat")
 RUN_MACS = 4e11  # budget of the loss curves: runs × multiply-accumulates touched by prunable units
 MAX_RUNS = 4096
 WANTED_LEVELS = 16  # levels per group before samples per configuration go above 1
@@ -148,13 +152,32 @@ class LossProbe:
 
 def measured_tensors(proto) -> list:
     """Where the loss is measured: each graph output, or the logits of an output made by
-    Softmax/LogSoftmax/Sigmoid (a saturated probability hides changes that flip a nearby sample)."""
+    Softmax/LogSoftmax/Sigmoid (a saturated probability hides changes that flip a nearby sample);
+    an output that concatenates branches behind layout ops (a YOLO head: boxes beside sigmoid
+    scores) is measured branch by branch, each on its own scale (the fidelity views' split)."""
     producer = {out: node for node in proto.graph.node for out in node.output}
+    constants = {t.name for t in proto.graph.initializer}
     names = []
     for output in proto.graph.output:
-        node = producer.get(output.name)
-        names.append(node.input[0] if node is not None and node.op_type in SQUASHING else output.name)
+        leaves = _branches(output.name, producer, constants)
+        for leaf in leaves if len(leaves) > 1 else [output.name]:
+            node = producer.get(leaf)
+            names.append(node.input[0] if node is not None and node.op_type in SQUASHING else leaf)
     return list(dict.fromkeys(names))
+
+
+def _branches(name: str, producer: dict, constants: set, depth: int = 0) -> list:
+    """The tensors a Concat behind ``name``'s layout tail joins (``[name]`` when none)."""
+    node = producer.get(name)
+    if node is None or node.op_type not in LAYOUT_OPS or depth > 32:
+        return [name]
+    if node.op_type != "Concat":
+        return _branches(node.input[0], producer, constants, depth + 1) if node.input else [name]
+    leaves = []
+    for x in node.input:
+        if x and x not in constants and x in producer:  # a constant or a graph input cannot change
+            leaves.extend(_branches(x, producer, constants, depth + 1))
+    return leaves or [name]
 
 
 def budget(macs: float, groups: int, samples: int) -> tuple:
@@ -240,45 +263,74 @@ def sensitivity_select(cg, teacher, stats: dict, samples: list, scores: dict, co
     floor · cost_model.saved(every prunable unit))`` (:class:`._prune_cost.CostModel`); ``probe``: a
     :class:`LossProbe` (made here when None). ``fallback(target, cost_model)``: another selection
     (the ranked one) kept instead when the probe measures a smaller loss for it."""
-    blocked = cg.blocked_units()
-    groups = [(g, sorted((u for u in g if u not in blocked), key=lambda u: (scores.get(u, 0.0), u)))
-              for g in cg.source_groups()]
-    groups = [(g, ranked) for g, ranked in groups if ranked]
-    n_samples, count = budget(float(sum(unit_costs(cg).values())), len(groups), len(samples))
-    todo = [(g, ranked, levels(len(g), len(ranked), cap, min_channels, multiple, count)) for g, ranked in groups]
-    todo = [t for t in todo if t[2]]
-    configs = sum(len(t[2]) for t in todo)
-    target = max(cost_model.saved(default), floor * cost_model.saved([u for _, ranked in groups for u in ranked]))
-    if not configs:
-        return budget_report(default, target, cost_model, result, cap, multiple, min_channels)
-    try:
-        probe = probe or LossProbe(teacher, cg, stats, samples[:n_samples])
-    except Exception as exc:  # noqa: BLE001 - ORT rejects the masked model: keep the ranked selection
-        result.skip(f"alloc=sensitivity: masked model did not run ({type(exc).__name__}), ranked selection kept")
-        return default
-    curves, counts = [], []
-    for group, ranked, cuts in progress(todo, desc="prune sensitivity"):
-        curve, level_counts = [(0, 0.0, 0.0)], [{}]
-        for n in cuts:
-            curve.append((n, cost_model.saved(ranked[:n]), probe.loss(ranked[:n])))
-            level_counts.append(cost_model.counts(ranked[:n]))
-        curves.append(curve)
-        counts.append(level_counts)
-    chosen = allocate(curves, target, cost_model, counts)
-    removed = set()
-    for (group, ranked, _), curve, j in zip(todo, curves, chosen):
-        removed.update(ranked[: curve[j][0]])
-    result.metrics["sensitivity_runs"] = configs * n_samples
-    result.metrics["sensitivity_levels_samples"] = [count, n_samples]
-    result.metrics["sensitivity_loss_sum"] = round(sum(c[j][2] for c, j in zip(curves, chosen)), 6)
-    if fallback is not None:
-        other = fallback(target, cost_model)
-        joint, joint_other = probe.loss(removed), probe.loss(other)
-        result.metrics["sensitivity_joint_loss"] = [round(joint, 6), round(joint_other, 6)]
-        if joint_other < joint and cost_model.saved(other) >= min(target, cost_model.saved(removed)):
-            result.skip("alloc=sensitivity: the ranked selection measured a smaller loss, kept")
-            removed = other
-    return budget_report(removed, target, cost_model, result, cap, multiple, min_channels)
+    curves = Curves(cg, teacher, stats, samples, scores, cost_model, cap, min_channels, multiple, result,
+                    progress, probe)
+    return curves.choose(default, cap, result, floor, fallback)
+
+
+class Curves:
+    """The loss curves of every source group (step 2), measured once with the levels of ``cap``;
+    :meth:`choose` allocates a budget on them (steps 3–4) for that ``cap`` or a smaller one, so a
+    search over the amount removed (:mod:`onnxslim_kit.passes.prune.search`) measures them once."""
+
+    def __init__(self, cg, teacher, stats: dict, samples: list, scores: dict, cost_model, cap: float,
+                 min_channels: int, multiple: int, result, progress=lambda it, **_: it, probe=None):
+        self.cost_model, self.min_channels, self.multiple = cost_model, min_channels, multiple
+        blocked = cg.blocked_units()
+        groups = [(g, sorted((u for u in g if u not in blocked), key=lambda u: (scores.get(u, 0.0), u)))
+                  for g in cg.source_groups()]
+        groups = [(g, ranked) for g, ranked in groups if ranked]
+        self.prunable = [u for _, ranked in groups for u in ranked]
+        self.n_samples, self.count = budget(float(sum(unit_costs(cg).values())), len(groups), len(samples))
+        todo = [(g, ranked, levels(len(g), len(ranked), cap, min_channels, multiple, self.count))
+                for g, ranked in groups]
+        self.todo = [t for t in todo if t[2]]
+        self.configs = sum(len(t[2]) for t in self.todo)
+        self.probe, self.curves, self.counts = None, [], []
+        if not self.configs:
+            return
+        try:
+            self.probe = probe or LossProbe(teacher, cg, stats, samples[: self.n_samples])
+        except Exception as exc:  # noqa: BLE001 - ORT rejects the masked model: keep the ranked selection
+            result.skip(f"alloc=sensitivity: masked model did not run ({type(exc).__name__}), ranked selection kept")
+            return
+        for group, ranked, cuts in progress(self.todo, desc="prune sensitivity"):
+            curve, level_counts = [(0, 0.0, 0.0)], [{}]
+            for n in cuts:
+                curve.append((n, cost_model.saved(ranked[:n]), self.probe.loss(ranked[:n])))
+                level_counts.append(cost_model.counts(ranked[:n]))
+            self.curves.append(curve)
+            self.counts.append(level_counts)
+
+    def choose(self, default: set, cap: float, result, floor: float = 0.0, fallback=None) -> set:
+        """The allocation under ``max(saved(default), floor · saved(every prunable unit))`` with
+        no group cut by more than ``cap`` of its units (levels above it left out)."""
+        cost_model = self.cost_model
+        target = max(cost_model.saved(default), floor * cost_model.saved(self.prunable))
+        if self.probe is None:
+            return default if self.configs else budget_report(default, target, cost_model, result, cap,
+                                                              self.multiple, self.min_channels)
+        curves, counts = [], []
+        for (group, _, _), curve, level_counts in zip(self.todo, self.curves, self.counts):
+            keep = [j for j, level in enumerate(curve) if level[0] <= int(cap * len(group))]
+            curves.append([curve[j] for j in keep])
+            counts.append([level_counts[j] for j in keep])
+        cost_model.reset()
+        chosen = allocate(curves, target, cost_model, counts)
+        removed = set()
+        for (group, ranked, _), curve, j in zip(self.todo, curves, chosen):
+            removed.update(ranked[: curve[j][0]])
+        result.metrics["sensitivity_runs"] = self.configs * self.n_samples
+        result.metrics["sensitivity_levels_samples"] = [self.count, self.n_samples]
+        result.metrics["sensitivity_loss_sum"] = round(sum(c[j][2] for c, j in zip(curves, chosen)), 6)
+        if fallback is not None:
+            other = fallback(target, cost_model)
+            joint, joint_other = self.probe.loss(removed), self.probe.loss(other)
+            result.metrics["sensitivity_joint_loss"] = [round(joint, 6), round(joint_other, 6)]
+            if joint_other < joint and cost_model.saved(other) >= min(target, cost_model.saved(removed)):
+                result.skip("alloc=sensitivity: the ranked selection measured a smaller loss, kept")
+                removed = other
+        return budget_report(removed, target, cost_model, result, cap, self.multiple, self.min_channels)
 
 
 def budget_report(removed: set, target: float, cost_model, result, cap: float, multiple: int,

@@ -1,5 +1,5 @@
 """Property-based fuzzing of the lossless passes (issue 15): random valid graphs
-(:mod:`fuzz_graphs`) through ``fuse``, ``fuse,compact`` and ``prune`` (its strip). With
+(:mod:`fuzz_graphs`) through ``fuse``, ``fuse,compact`` and ``prune(target=none)`` (its lossless strip). With
 verification off the result must pass the full checker and match the original under ONNX
 Runtime within the lossless rule; with verification on no pass may be rolled back. A failure
 is shrunk by hypothesis and printed as ONNX text.

@@ -85,10 +85,18 @@ def test_refit_brings_the_outputs_closer():
     assert min_cosine(fitted) > 0.98
 
 
-def test_ratio_is_not_lossless_but_zero_ratio_strips_only():
-    out, result = run_prune(NET)
+@pytest.mark.parametrize("target", ["none", "0"])
+def test_target_none_strips_only_and_is_lossless(target):
+    """Without ratio= the pass searches the amount under its target; target=none (or 0) is strip only."""
+    from onnxslim_kit.passes.prune import PrunePass
+
+    out, result = run_prune(NET, target=target)
     assert not result.modified
     assert conv_weight(out, "c1").shape == (32, 3, 3, 3)
+    options = {k: o.default for k, o in PrunePass.options.items()}
+    assert PrunePass().is_lossless(options | {"target": PrunePass.options["target"].convert(target, "t")})
+    assert not PrunePass().is_lossless(options)  # bare prune: strip, then as much as the budget allows
+    assert not PrunePass().is_lossless(options | {"ratio": 0.3, "target": "none"})
 
 
 @pytest.mark.parametrize("auto_pad,strides,dilations,pads", [

@@ -96,7 +96,7 @@ def residual_model(bias1=0.0):
 
 def test_residual_zero_channels_are_stripped():
     proto = residual_model()
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert result.rewrites["strip constant channel"] == 3
     assert conv_weight(out, "c1").shape == (13, 8, 3, 3)
     assert conv_weight(out, "c2").shape == (13, 13, 3, 3)
@@ -113,7 +113,7 @@ def test_residual_only_one_side_zero_is_kept():
     for t in proto.graph.initializer:
         if t.name == "c2.w":
             t.CopyFrom(numpy_helper.from_array(inits["c2.w"], "c2.w"))
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert result.rewrites["strip constant channel"] == 2
     assert conv_weight(out, "c1").shape == (14, 8, 3, 3)
     assert_equivalent(proto, out)
@@ -121,7 +121,7 @@ def test_residual_only_one_side_zero_is_kept():
 
 def test_constant_nonzero_channel_into_padded_conv_is_kept():
     proto = residual_model(bias1=0.7)  # relu(0.7) ≠ 0 enters c2 with padding 1
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert "strip constant channel" not in result.rewrites
     assert result.skipped["constant channel feeds a padded Conv"] == 3
     assert conv_weight(out, "c1").shape == (16, 8, 3, 3)
@@ -143,7 +143,7 @@ def test_concat_with_constant_channels_folds_into_bias():
     ]
     proto = build(nodes, {"ca.w": wa, "ca.b": ba, "cb.w": wb, "cb.b": bb, "head.w": weight(4, 16, 1, 1)},
                   [1, 3, 9, 9], {"head": 4})
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert result.rewrites["strip constant channel"] == 3
     assert conv_weight(out, "ca").shape == (6, 3, 3, 3)
     assert conv_weight(out, "cb").shape == (7, 3, 3, 3)
@@ -170,7 +170,7 @@ def depthwise_model(dw_zero=(3,)):
 
 def test_depthwise_group_follows():
     proto = depthwise_model()
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert result.rewrites["strip constant channel"] == 3  # 0, 6 (zero input) and 3 (zero dw filter)
     dw = next(n for n in out.graph.node if n.name == "dw")
     assert helper.get_attribute_value(next(a for a in dw.attribute if a.name == "group")) == 13
@@ -193,7 +193,7 @@ def test_flatten_head_maps_channel_blocks(head):
     else:
         nodes.append(helper.make_node("MatMul", ["f", "fc.w"], ["y"], name="fc"))
     proto = build(nodes, {"c.w": w, "c.b": b, "fc.w": fc}, [1, 3, 6, 6], {"y": 2})
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert result.rewrites["strip constant channel"] == 2
     assert conv_weight(out, "c").shape == (6, 3, 3, 3)
     assert conv_weight(out, "fc").shape == (6 * 16, 10)
@@ -208,25 +208,26 @@ def test_graph_output_and_transpose_block_with_reasons():
         helper.make_node("Reshape", ["t", "shape"], ["y"]),
     ]
     proto = build(nodes, {"c.w": w, "shape": np.array([1, -1], np.int64)}, [1, 3, 5, 5], {"y": 2, "c": 4})
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert not result.modified
     assert result.skipped["unprunable: reaches a graph output"] == 8
     assert conv_weight(out, "c").shape == (8, 3, 1, 1)
     assert_equivalent(proto, out)
 
 
-def test_is_lossless_only_without_options():
+def test_is_lossless_only_with_target_none_and_nothing_asked():
     p = PrunePass()
-    base = {k: o.default for k, o in p.options.items()}
+    base = {k: o.default for k, o in p.options.items()} | {"target": "none"}
     assert p.is_lossless(base)
     assert p.is_lossless(base | {"explain": True})
+    assert not p.is_lossless(base | {"target": ""})  # bare prune: searches the amount under the budget
     assert not p.is_lossless(base | {"ratio": 0.3})
     assert not p.is_lossless(base | {"sparsity": 0.5})
     assert not p.is_lossless(base | {"nm": "2:4"})
 
 
 def test_explain_describes_groups():
-    out, result = run_prune(residual_model(), explain=True)
+    out, result = run_prune(residual_model(), explain=True, target="none")
     text = "\n".join(result.notes)
     assert "source   Conv 'c1' (16 out)" in text
     assert "source   Conv 'c2' (16 out)" in text
@@ -252,7 +253,7 @@ def test_reshape_head_fixed_or_computed_shape(shape_kind):
                   helper.make_node("Concat", ["n", "minus"], ["target"], axis=0)]
     nodes += [helper.make_node("Reshape", ["p", "target"], ["f"]), helper.make_node("MatMul", ["f", "fc.w"], ["y"], name="fc")]
     proto = build(nodes, inits, [1, 3, 8, 8], {"y": 2})
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert result.rewrites["strip constant channel"] == 3
     assert conv_weight(out, "fc").shape == (13, 5)
     assert_equivalent(proto, out)
@@ -265,7 +266,7 @@ def test_shape_reading_the_channel_count_blocks():
              helper.make_node("ReduceSum", ["shp_f"], ["total"], keepdims=0),
              helper.make_node("Conv", ["c", "k.w"], ["y"], name="k", kernel_shape=[1, 1])]
     proto = build(nodes, {"c.w": w, "k.w": weight(4, 8, 1, 1)}, [1, 3, 4, 4], {"y": 4, "total": 0})
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert not result.modified
     assert result.skipped["unprunable: Shape of the channels used"] == 8
 
@@ -285,7 +286,7 @@ def test_fpn_resize_add_couples_levels(by):
     inits = {"c.w": wc, "f.w": wf, "out.w": weight(8, 16, 3, 3), "scales": np.array([1, 1, 2, 2], np.float32),
              "sizes": np.array([1, 16, 8, 8], np.int64)}
     proto = build(nodes, inits, [1, 3, 8, 8], {"out": 4})
-    out, result = run_prune(proto)
+    out, result = run_prune(proto, target="none")
     assert result.rewrites["strip constant channel"] == 2
     assert conv_weight(out, "c").shape[0] == 14 and conv_weight(out, "f").shape[0] == 14
     assert conv_weight(out, "out").shape[1] == 14

@@ -1,0 +1,48 @@
+"""A pruned candidate judged by the fidelity contract, and the figures the report gets.
+
+The candidate runs (ONNX Runtime, one thread) on the judged samples ``fid.samples`` — held
+out from the data the pass fits (:mod:`onnxslim_kit.fidelity.context`) — and its outputs are
+scored per output view against the original's (``fid.judge``): ``used`` is the fraction of
+the target's loss budget the worst bound view takes, the target holds for this pass iff
+``used ≤ fid.allowed``.
+
+Reported: ``target``, ``budget_used``, ``budget_allowed``, ``ratio_reached`` (the share of
+the prunable compute removed, the quantity ``ratio=`` asks for, counted by
+:class:`onnxslim_kit.passes.prune.cost.CostModel`), ``compute_removed`` (the same over all
+the compute the cost model counts), ``views`` (per-view figures) and a note naming the
+binding view and the samples.
+"""
+
+from __future__ import annotations
+
+from onnxslim_kit.api import make_session, run
+
+
+def model_outputs(model, samples: list) -> list:
+    """``model``'s graph outputs on each of ``samples`` (one dict per sample)."""
+    proto = model.to_proto()
+    names = [o.name for o in proto.graph.output]
+    session = make_session(proto, threads=1, arena=False)
+    try:
+        return [{k: v for k, v in run(session, sample).items() if k in names} for sample in samples]
+    finally:
+        del session
+
+
+def judge_model(model, fid):
+    """The :class:`onnxslim_kit.fidelity.judge.Verdict` of ``model`` on ``fid.samples``."""
+    return fid.judge(model_outputs(model, fid.samples))
+
+
+def report(result, fid, verdict, reached: float, compute_removed: float) -> None:
+    """The metrics and the note of the module docstring."""
+    result.metrics["target"] = str(fid.target)
+    result.metrics["budget_used"] = round(verdict.used, 4)
+    result.metrics["budget_allowed"] = round(fid.allowed, 4)
+    result.metrics["ratio_reached"] = round(reached, 4)
+    result.metrics["compute_removed"] = round(compute_removed, 4)
+    result.metrics["views"] = [s.to_dict() for s in verdict.scores]
+    held = "holds" if fid.met(verdict) else "missed"
+    result.notes.append(f"fidelity {held}: {verdict.binding} binds, {verdict.used:.0%} of the {fid.target} budget "
+                        f"used (allowed {fid.allowed:.0%}), judged on {verdict.samples} "
+                        f"{fid.judged_on or 'samples'}; ratio reached {reached:.3f} of the prunable compute")
