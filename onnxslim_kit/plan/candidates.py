@@ -1,0 +1,95 @@
+"""The plan's search space (increment 1) and running one candidate.
+
+A candidate is a fixed pipeline run by :func:`onnxslim_kit.optimize` on the model with the
+plan's data, seed and target, exactly as ``python -m onnxslim_kit MODEL --passes P`` would run
+it (so its report is a recipe that replays to the same bytes). Goal latency tries
+``LATENCY_PIPELINES`` in order; goal size adds ``fuse,cluster``.
+
+Whether a candidate holds the target (:func:`fidelity_of`): ``fuse`` alone (no lossy pass) always
+does. Otherwise the last lossy pass that was not rolled back carries the pipeline's verdict on
+held-out samples: ``pipeline_met`` (judged against the whole budget, used ≤ 1) where the pass
+spent the pipeline's share, else ``met`` (a pass given its own ``target=``). Every lossy pass
+rolled back leaves the model lossless: it holds. A candidate whose optimize raised a
+:class:`~onnxslim_kit.errors.SlimError` is recorded with the error's line and never chosen;
+``fuse`` raising is the plan's error (the model or the data is not usable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import SlimError
+from .timing_cache import sha256_bytes
+
+LATENCY_PIPELINES = ("fuse", "fuse,int8", "fuse,dynamic", "fuse,fp16", "fuse,prune", "fuse,prune,int8")
+SIZE_PIPELINES = LATENCY_PIPELINES + ("fuse,cluster",)
+GOALS = ("latency", "size")
+
+
+def pipelines_for(goal: str) -> tuple:
+    return SIZE_PIPELINES if goal == "size" else LATENCY_PIPELINES
+
+
+@dataclass
+class Candidate:
+    pipeline: str
+    proto: object = None  # onnx.ModelProto, None when it failed or was not tried
+    report: object = None  # onnxslim_kit.report.Report
+    sha256: str | None = None
+    size_bytes: int | None = None
+    met: bool = False
+    used: float | None = None  # budget fraction of the pipeline's target used (0 for lossless)
+    binding: str = ""  # the view and metric that bind, from the verdict
+    error: str | None = None
+    skipped: str | None = None  # why it was not tried (the time budget)
+    same_as: str | None = None  # an earlier candidate with the same bytes
+    timing: dict | None = None  # latency ratio vs the original, spread, median ms, cached?
+    seconds: float = 0.0  # wall time of its optimize run
+    notes: list = field(default_factory=list)
+
+    @property
+    def usable(self) -> bool:
+        return self.proto is not None and self.met and self.error is None
+
+    def to_dict(self) -> dict:
+        return {"pipeline": self.pipeline, "met": self.met, "used": self.used, "binding": self.binding,
+                "size_bytes": self.size_bytes, "sha256": self.sha256, "error": self.error,
+                "skipped": self.skipped, "same_as": self.same_as, "timing": self.timing,
+                "optimize_seconds": round(self.seconds, 3), "notes": list(self.notes)}
+
+
+def fidelity_of(report) -> tuple:
+    """``(met, used, binding)`` of a candidate's report (module docstring)."""
+    last = next((p.fidelity for p in reversed(report.passes) if p.fidelity and not p.rolled_back), None)
+    if last is None:
+        return True, 0.0, "lossless"
+    met = last.get("pipeline_met")
+    if met is None:
+        met = bool(last.get("met"))
+    used = last.get("used")
+    used = float("inf") if used == "inf" else float(used)
+    return bool(met), used, str(last.get("binding") or "")
+
+
+def run_candidate(model_path, pipeline: str, settings: dict, optimize) -> Candidate:
+    """Run ``pipeline`` through ``optimize(model_path, pipeline, **settings)``; errors of the
+    candidate are recorded, except for ``fuse`` (the first, lossless one), where they are raised."""
+    import time
+
+    start = time.perf_counter()
+    candidate = Candidate(pipeline)
+    try:
+        proto, report = optimize(model_path, pipeline, **settings)
+    except SlimError as exc:
+        if pipeline == "fuse":
+            raise
+        candidate.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        candidate.seconds = time.perf_counter() - start
+        return candidate
+    candidate.seconds = time.perf_counter() - start
+    data = proto.SerializeToString()
+    candidate.proto, candidate.report = proto, report
+    candidate.sha256, candidate.size_bytes = sha256_bytes(data), len(data)
+    candidate.met, candidate.used, candidate.binding = fidelity_of(report)
+    candidate.notes = [f"{p.name}: rolled back" for p in report.passes if p.rolled_back]
+    return candidate

@@ -1,0 +1,80 @@
+"""The plan's terminal table and JSON report.
+
+Table: one row per pipeline tried — whether it holds the target, the binding view and the
+share of the target's budget it used, its latency ratio vs the original (median of paired
+per-round ratios, [P10–P90] spread; ``cached`` when from the timing cache), its size, and the
+choice (``◀ chosen``; ``front`` marks the Pareto front). JSON: the settings, every candidate
+(:meth:`.candidates.Candidate.to_dict`), the front, the chosen pipeline, what was timed, and
+the planning time.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..report import _json_default, _size
+
+HEADER = ("pipeline", "met", "binding (budget used)", "latency ×orig [P10–P90]", "size", "")
+
+
+def _latency(candidate) -> str:
+    timing = candidate.timing
+    if not timing:
+        return "—"
+    low, high = timing["spread"]
+    return f"{timing['ratio']:.3f} [{low:.2f}–{high:.2f}]" + (" cached" if timing.get("cached") else "")
+
+
+def _state(candidate) -> str:
+    if candidate.skipped:
+        return "skipped"
+    if candidate.error:
+        return "error"
+    return "yes" if candidate.met else "NO"
+
+
+def _binding(candidate) -> str:
+    if candidate.skipped or candidate.error:
+        return (candidate.skipped or candidate.error)[:60]
+    used = candidate.used
+    spent = "∞" if used == float("inf") else f"{used:.0%}"
+    return f"{candidate.binding[:44]} ({spent})"
+
+
+def _mark(candidate, result) -> str:
+    marks = []
+    if candidate is result.chosen:
+        marks.append("◀ chosen")
+    if candidate.pipeline in result.front:
+        marks.append("front")
+    if candidate.same_as:
+        marks.append(f"= {candidate.same_as}")
+    return ", ".join(marks)
+
+
+def table(result) -> str:
+    rows = [HEADER]
+    for c in result.candidates:
+        rows.append((c.pipeline, _state(c), _binding(c), _latency(c),
+                     _size(c.size_bytes) if c.size_bytes is not None else "—", _mark(c, result)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths).rstrip())
+    s = result.settings
+    timing = ("not timed (goal size)" if s["goal"] == "size" else
+              f"{result.timed} timed, {result.cache_hits} from the timing cache")
+    lines.append(f"goal {s['goal']}, target {s['target']}, {s['provider']} ×{s['threads']} threads; "
+                 f"{timing}; planned in {result.seconds:.1f} s"
+                 + ("; time budget spent, later pipelines skipped" if result.budget_stopped else ""))
+    return "\n".join(lines)
+
+
+def to_dict(result) -> dict:
+    return {"settings": result.settings, "chosen": result.chosen.pipeline, "front": list(result.front),
+            "candidates": [c.to_dict() for c in result.candidates], "reference": result.reference,
+            "timed": result.timed, "cache_hits": result.cache_hits, "seconds": round(result.seconds, 3),
+            "budget_stopped": result.budget_stopped}
+
+
+def to_json(result) -> str:
+    return json.dumps(to_dict(result), indent=2, default=_json_default)

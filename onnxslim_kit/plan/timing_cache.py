@@ -1,0 +1,96 @@
+"""The plan's timing cache: measured latencies keyed by what was timed and where.
+
+Key (one JSON object per entry, under ``"entries"``)::
+
+    key = sha256(candidate bytes) | provider | threads | onnxruntime version | CPU model
+
+The CPU model is ``model name`` from /proc/cpuinfo, else :func:`platform.processor`, else
+:func:`platform.machine`. An entry holds the candidate's paired latency ratio against the
+original (the median over rounds of t_cand(r) / t_orig(r), :func:`onnxslim_kit.bench.paired_ratio`),
+its [P10, P90] spread, its median milliseconds and the sha256 of the original it was paired
+with (an entry paired with another original is not used). As TensorRT's builder does with its
+timing cache: with every candidate found here, nothing is timed and the same choice results,
+so the planned output is byte-identical on a rerun.
+
+The file is read once (a missing file is an empty cache; an unreadable or malformed one is a
+one-line error) and written atomically after the plan, entries sorted by key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+
+from ..errors import UserError
+
+FORMAT = 1
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what :mod:`platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_fields(provider: str, threads: int) -> dict:
+    """What besides the model makes a timing: provider, threads, ORT version, CPU model."""
+    import onnxruntime
+
+    return {"provider": provider, "threads": int(threads), "onnxruntime": onnxruntime.__version__,
+            "cpu": cpu_model()}
+
+
+def cache_key(model_sha256: str, machine: dict) -> str:
+    return "|".join([model_sha256, machine["provider"], str(machine["threads"]), machine["onnxruntime"],
+                     machine["cpu"]])
+
+
+class TimingCache:
+    """``get(sha, machine, reference_sha)`` / ``put(...)`` over a JSON file (or in memory: path None)."""
+
+    def __init__(self, path=None):
+        self.path = Path(path) if path else None
+        self.entries = {}
+        self.hits = 0
+        self.added = 0
+        if self.path is not None and self.path.exists():
+            self.entries = _read(self.path)
+
+    def get(self, model_sha256: str, machine: dict, reference_sha256: str) -> dict | None:
+        entry = self.entries.get(cache_key(model_sha256, machine))
+        if entry is None or entry.get("reference_sha256") != reference_sha256:
+            return None
+        self.hits += 1
+        return dict(entry)
+
+    def put(self, model_sha256: str, machine: dict, reference_sha256: str, timing: dict) -> None:
+        self.entries[cache_key(model_sha256, machine)] = {**timing, "reference_sha256": reference_sha256,
+                                                          **machine}
+        self.added += 1
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "entries": dict(sorted(self.entries.items()))}, indent=2)
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"--timing-cache {path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise UserError(f"--timing-cache {path}: not JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+        raise UserError(f"--timing-cache {path}: not an onnxslim_kit timing cache (format {FORMAT})")
+    return data["entries"]
