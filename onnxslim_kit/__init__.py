@@ -98,6 +98,20 @@ def _check_settings(num_samples, verify_samples, rtol, input_shapes) -> None:
             raise UserError(f"input_shapes {name}: {list(dims)}: dimensions must be integers >= 1")
 
 
+def _nan_settings(allow_nan: bool, passes) -> dict:
+    """The feed's NaN settings for ``allow_nan``: kept for lossless passes only — with a lossy
+    pass in the list, NaN data is refused naming it (its statistics over NaN would be NaN)."""
+    from .pipeline import resolve
+
+    if not allow_nan:
+        return {}
+    lossy = [instance.name for instance, options in resolve(_specs(passes)) if not instance.is_lossless(options)]
+    if not lossy:
+        return {"allow_nan": True}
+    return {"nan_reason": f"--allow-nan / allow_nan=True is for lossless passes only, and {lossy[0]!r} is lossy "
+                          "(a statistic over NaN is NaN); drop the NaN values or the lossy pass"}
+
+
 def optimize(
     model,
     passes="fuse",
@@ -117,6 +131,7 @@ def optimize(
     eval_data=None,
     target=None,
     metric=None,
+    allow_nan: bool = False,
     progress=None,
     log=None,
 ) -> tuple:
@@ -143,6 +158,9 @@ def optimize(
     target instead of the built-in views (target ``metric:V``, default ``metric:0.99``).
     ``exclude``: a selector text (``"op:Softmax; re:^head/"``) or a list of them: nodes every
     lossy pass leaves as they are; it must select a node of the input model.
+    ``allow_nan``: NaN in ``calib`` / ``eval_data`` is kept as data (a model where NaN is a
+    legitimate input value, "missing"); lossless passes are verified with NaN positions compared
+    as equal. Refused (one line, when the data holds NaN) if a pass in the list is lossy.
     ``log``: a callable for the progress lines; by default they go to the
     ``logging.getLogger("onnxslim_kit")`` logger (INFO; the library installs no handler).
     """
@@ -172,8 +190,9 @@ def optimize(
             proto.CopyFrom(model)
         fixed_notes = fix_inputs(proto, fixed_texts)
     specs = input_specs(proto)
-    feed = CalibrationFeed(specs, calib, input_shapes, num_samples=num_samples, seed=seed, transform=transform)
-    eval_feed = (CalibrationFeed(specs, eval_data, input_shapes, transform=transform, role="evaluation")
+    nan = _nan_settings(allow_nan, passes)
+    feed = CalibrationFeed(specs, calib, input_shapes, num_samples=num_samples, seed=seed, transform=transform, **nan)
+    eval_feed = (CalibrationFeed(specs, eval_data, input_shapes, transform=transform, role="evaluation", **nan)
                  if eval_data is not None else None)
     kwargs = {}
     if progress is not None:
@@ -191,7 +210,7 @@ def optimize(
     report.settings = {
         "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
         "fixed_inputs": fixed_texts, "num_samples": num_samples, "verify_samples": verify_samples,
-        "verify": verify,
+        "verify": verify, **({"allow_nan": True} if allow_nan else {}),
     }
     report.sources = {"calib": describe_source(calib), "eval": describe_source(eval_data)}
     report.load_notes[:0] = fixed_notes

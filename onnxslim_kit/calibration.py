@@ -6,7 +6,9 @@ Sources (``CalibrationFeed(specs, source)``):
 * ``None`` — samples generated from the input spec, deterministic (seeded): float inputs
   ~ N(0, 1), integer inputs uniform in [0, 16) — or [0, n) when they index a constant table
   of n rows through Gather (token-type ids of a BERT have n = 2),
-  booleans fair coin flips.
+  booleans fair coin flips, strings short ASCII words (the strings a LabelEncoder /
+  CategoryMapper / DictVectorizer of the graph reads the input against when it has them, else
+  :data:`.value_types.WORDS`), drawn with the same seed.
 * a ``.npz`` file — keys are input names; an array whose rank is the input's rank + 1 is a
   stack of samples along axis 0, otherwise the file is one sample.
 * a ``.npy`` file — the same, for single-input models.
@@ -17,6 +19,15 @@ Sources (``CalibrationFeed(specs, source)``):
   then ``None`` at the end): with a ``rewind()`` method it is rewound and read again on each
   pass over the data; without one it is read once into memory (the log says so).
 
+Inputs that are not plain tensors (sequences, maps, optionals, and their nestings —
+:func:`.value_types.input_layout`) are described by the spec's ``wrappers`` around the innermost
+tensor its ``dtype`` / ``shape`` describe (a shape unknown for an element type without one:
+generated as a 1-D of one value, any rank accepted); a sample holds them as ORT's Python API
+takes them (a list, a dict, the element or ``None``), generated and read from ``.npz`` files as
+:mod:`.value_types` says (``NAME/0``, ``NAME/1``, … for a sequence). ``--input-shape`` of such
+an input fixes its tensors' shape. String inputs given as numpy ``U`` / ``S`` arrays (what
+``.npz`` stores) become the object arrays of ``str`` ORT takes (``S`` decoded as UTF-8).
+
 Every sample is checked as it is read: the input names, ranks, fixed dimensions and dtype
 kinds; and, for float inputs, that no value is NaN and that the cast to the input's dtype
 makes no inf (a float64 1e6 fed to a float16 input). Those are refused with the source, the
@@ -24,6 +35,11 @@ sample's index (0-based: its position along a file's stacking axis, in a list, o
 function's / reader's sequence) and the counts — NaN would make every min/max/histogram NaN,
 and a quantization scale computed from it quantizes nothing. An inf the data itself holds is
 kept (an attention mask's −inf: 24 of ONNX's attention backend tests) and logged once per input.
+``allow_nan=True`` (``--allow-nan``) keeps NaN too, for models where NaN is a legitimate input
+value ("missing": tree ensembles, IsNaN, Cast / Mod edge cases); it is meant for lossless passes,
+whose verification compares NaN positions as equal (:func:`.metrics.compare`); ``nan_reason``
+replaces the refusal's reason (:func:`onnxslim_kit.optimize` refuses NaN for lossy passes even
+with ``allow_nan``: a min/max, histogram or Hessian statistic over NaN is NaN).
 
 ``transform`` (as ``nncf.Dataset(data, transform_fn)``): applied to every item of a given
 source before it is checked, so the source may hold anything (``(image, label)`` pairs, file
@@ -53,6 +69,7 @@ import numpy as np
 import onnx
 
 from .errors import UserError
+from .value_types import MAP_SIZE, WORDS, check_value, describe, generate_value, input_layout, npz_value
 
 logger = logging.getLogger("onnxslim_kit")
 
@@ -90,33 +107,65 @@ class InputSpec:
     # kind from VALUE_ROLES; data/axis: the tensor (input name or constant dims) an index or
     # split input refers to
     role: tuple = ()
+    # an input that is not a plain tensor: the chain of "optional" / "sequence" / "map" around
+    # the innermost tensor that dtype / shape describe (:func:`.value_types.input_layout`)
+    wrappers: tuple = ()
+    key_dtype: np.dtype | None = None  # a map's keys
+    rank_known: bool = True  # False: an element type without a shape (any rank accepted)
+    words: tuple = ()  # strings / map keys the graph reads the input against (generated from them)
 
     @property
     def rank(self) -> int:
         return len(self.shape)
 
+    def kind_text(self) -> str:
+        return describe(self.wrappers, self.dtype)
+
 
 def input_specs(proto: onnx.ModelProto) -> list:
     """The graph inputs that are real inputs (initializers listed as inputs excluded)."""
     initializers = {t.name for t in proto.graph.initializer}
-    specs = []
-    for value in proto.graph.input:
-        if value.name in initializers:
+    return [_input_spec(proto.graph, value) for value in proto.graph.input if value.name not in initializers]
+
+
+def _dtype(elem_type: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)) if elem_type else np.dtype(np.float32)
+
+
+def _input_spec(graph: onnx.GraphProto, value: onnx.ValueInfoProto) -> InputSpec:
+    layout = input_layout(value.type)
+    if layout is None:
+        raise UserError(f"input {value.name!r} is of type {value.type.WhichOneof('value')}, "
+                        "which the data feed cannot give (tensors, sequences, maps and optionals only)")
+    wrappers, elem_type, dims, key_type = layout
+    dtype = _dtype(elem_type)
+    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in dims or [])
+    words = _vocabulary(graph, value.name)
+    if wrappers:
+        return InputSpec(value.name, dtype, shape if dims is not None else (None,), wrappers=wrappers,
+                         key_dtype=_dtype(key_type) if key_type else None, rank_known=dims is not None, words=words)
+    integer = dtype.kind in "iu"
+    high = _index_bound(graph, value.name) if integer else None
+    role = _int_role(graph, value.name) if (integer or dtype.kind == "f") and high is None else ()
+    return InputSpec(value.name, dtype, shape, min(high or DEFAULT_INT_HIGH, DEFAULT_INT_HIGH), role, words=words)
+
+
+# (op type, attribute): the strings / integer keys a node compares its first input with
+VOCABULARY = (("LabelEncoder", "keys_strings"), ("CategoryMapper", "cats_strings"),
+              ("DictVectorizer", "string_vocabulary"), ("DictVectorizer", "int64_vocabulary"))
+
+
+def _vocabulary(graph: onnx.GraphProto, name: str) -> tuple:
+    """The strings (or a DictVectorizer's integer keys) the first node reading ``name`` directly
+    compares it with, from :data:`VOCABULARY`; () when none."""
+    for node in graph.node:
+        if not node.input or node.input[0] != name:
             continue
-        ttype = value.type.tensor_type
-        if not value.type.HasField("tensor_type"):
-            raise UserError(f"input {value.name!r} is not a tensor (sequences/maps are not supported)")
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type) if ttype.elem_type else np.dtype(np.float32)
-        shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim
-        )
-        integer = np.dtype(dtype).kind in "iu"
-        high = _index_bound(proto.graph, value.name) if integer else None
-        numeric = integer or np.dtype(dtype).kind == "f"
-        role = _int_role(proto.graph, value.name) if numeric and high is None else ()
-        specs.append(InputSpec(value.name, np.dtype(dtype), shape, min(high or DEFAULT_INT_HIGH, DEFAULT_INT_HIGH),
-                               role))
-    return specs
+        for attribute in node.attribute:
+            if (node.op_type, attribute.name) in VOCABULARY:
+                found = onnx.helper.get_attribute_value(attribute)
+                return tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else int(v) for v in found)
+    return ()
 
 
 def _int_role(graph: onnx.GraphProto, name: str) -> tuple:
@@ -196,6 +245,8 @@ class CalibrationFeed:
         seed: int = 0,
         transform: Callable | None = None,
         role: str = "calibration",
+        allow_nan: bool = False,
+        nan_reason: str = "",
     ):
         self.role = role  # "calibration" or "evaluation": the word the error messages use
         self.specs = list(specs)
@@ -207,7 +258,7 @@ class CalibrationFeed:
                 f"inputs: {', '.join(s.name for s in self.specs)}"
             )
         for spec in self.specs:
-            if spec.name in self.input_shapes and len(self.input_shapes[spec.name]) != spec.rank:
+            if spec.name in self.input_shapes and spec.rank_known and len(self.input_shapes[spec.name]) != spec.rank:
                 raise UserError(
                     f"--input-shape {spec.name}: rank {len(self.input_shapes[spec.name])}, "
                     f"the model's input has rank {spec.rank}"
@@ -220,6 +271,7 @@ class CalibrationFeed:
         if transform is not None and not callable(transform):
             raise UserError(f"transform= must be a function of one sample, not {type(transform).__name__}")
         self.transform = transform
+        self.allow_nan, self.nan_reason = bool(allow_nan), nan_reason
         self.int_fill = {}  # input name → constant value of generated integer data (a variant)
         self._factory = self._make_factory(source)
 
@@ -307,22 +359,31 @@ class CalibrationFeed:
             sample = {}
             for spec in self.specs:
                 shape = self.concrete_shape(spec)
-                kind = spec.dtype.kind
-                values = _role_values(spec.role, shape, self._dims, rng) if spec.role and kind == "f" else None
-                if values is not None:
-                    sample[spec.name] = np.asarray(values, dtype=spec.dtype).reshape(shape)
-                elif kind == "f":
-                    sample[spec.name] = np.asarray(rng.standard_normal(shape), dtype=spec.dtype)
-                elif kind in "iu":
-                    sample[spec.name] = self._integers(spec, shape, rng)
-                elif kind == "b":
-                    sample[spec.name] = np.asarray(rng.random(shape) < 0.5)
+                if spec.wrappers:
+                    keys = list(spec.words[:MAP_SIZE]) or (
+                        list(WORDS[:MAP_SIZE]) if spec.key_dtype is not None and spec.key_dtype.kind in "OSU"
+                        else list(range(MAP_SIZE)))
+                    sample[spec.name] = generate_value(spec.wrappers, lambda: self._tensor(spec, shape, rng), keys)
                 else:
-                    raise UserError(
-                        f"cannot generate data for input {spec.name!r} of type "
-                        f"{'string' if kind in 'OSU' else spec.dtype}; pass --calib"
-                    )
+                    sample[spec.name] = self._tensor(spec, shape, rng)
             yield sample
+
+    def _tensor(self, spec: InputSpec, shape: list, rng) -> np.ndarray:
+        """One generated tensor of ``spec``'s dtype and ``shape`` (the module docstring's rules)."""
+        kind = spec.dtype.kind
+        values = _role_values(spec.role, shape, self._dims, rng) if spec.role and kind == "f" else None
+        if values is not None:
+            return np.asarray(values, dtype=spec.dtype).reshape(shape)
+        if kind == "f":
+            return np.asarray(rng.standard_normal(shape), dtype=spec.dtype)
+        if kind in "iu":
+            return self._integers(spec, shape, rng)
+        if kind == "b":
+            return np.asarray(rng.random(shape) < 0.5)
+        if kind in "OSU" and spec.dtype == np.dtype(object):  # ONNX strings
+            words = [w for w in spec.words if isinstance(w, str)] or list(WORDS)
+            return np.array(words, dtype=object)[rng.integers(0, len(words), size=shape)]
+        raise UserError(f"cannot generate data for input {spec.name!r} of type {spec.dtype}; pass --calib")
 
     def _integers(self, spec: InputSpec, shape: list, rng) -> np.ndarray:
         """Generated integer data: what the graph implies (``spec.role``), the fill of a derived
@@ -345,7 +406,7 @@ class CalibrationFeed:
         """The same generated feed with other shapes for some inputs and constant values for
         some integer inputs (the bounded search of :func:`.verify.fit_generated`)."""
         feed = CalibrationFeed(self.specs, None, {**self.input_shapes, **(input_shapes or {})},
-                               num_samples=self.num_samples, seed=self.seed)
+                               num_samples=self.num_samples, seed=self.seed, allow_nan=self.allow_nan)
         feed.int_fill = {**self.int_fill, **(int_fill or {})}
         return feed
 
@@ -354,7 +415,7 @@ class CalibrationFeed:
         every dynamic axis but a leading one (batch 1) — of a rank-1 input too (samples)."""
         out = []
         for spec in self.specs:
-            if spec.name in self.input_shapes:
+            if spec.name in self.input_shapes or not spec.rank_known:
                 continue
             out.extend((spec.name, i) for i, d in enumerate(spec.shape)
                        if not (isinstance(d, int) and d >= 0) and (i > 0 or spec.rank == 1))
@@ -389,6 +450,15 @@ class CalibrationFeed:
 
     def _split(self, arrays: dict, where: str) -> list:
         """One sample, or a stack of samples (rank + 1) split along axis 0."""
+        arrays = dict(arrays)
+        for spec in self.specs:
+            if spec.wrappers and spec.name not in arrays:
+                try:
+                    arrays[spec.name] = npz_value(arrays, spec.name, spec.wrappers)
+                except KeyError:
+                    continue
+                except UserError as exc:
+                    raise UserError(f"{where}: {exc}") from None
         names = {s.name for s in self.specs}
         missing = names - set(arrays)
         if missing:
@@ -396,7 +466,7 @@ class CalibrationFeed:
                 f"{where}: missing inputs {', '.join(sorted(missing))}; keys must be the input names "
                 f"({', '.join(s.name for s in self.specs)})"
             )
-        stacked = {s.name: np.asarray(arrays[s.name]).ndim == s.rank + 1 for s in self.specs}
+        stacked = {s.name: not s.wrappers and np.asarray(arrays[s.name]).ndim == s.rank + 1 for s in self.specs}
         if all(stacked.values()) and self.specs:
             count = len(arrays[self.specs[0].name])
             return [self._checked({s.name: arrays[s.name][i] for s in self.specs}, f"{where}: sample {i}")
@@ -408,24 +478,45 @@ class CalibrationFeed:
         for spec in self.specs:
             if spec.name not in sample:
                 raise UserError(f"{where}: no value for input {spec.name!r}")
-            value = np.asarray(sample[spec.name])
-            if value.ndim != spec.rank:
-                raise UserError(f"{where}: input {spec.name!r} has rank {value.ndim}, the model expects {spec.rank}")
-            for axis, (got, want) in enumerate(zip(value.shape, spec.shape)):
-                if isinstance(want, int) and want > 0 and got != want:
-                    raise UserError(
-                        f"{where}: input {spec.name!r} dimension {axis} is {got}, the model expects {want}"
-                    )
-            given_inf = int(np.count_nonzero(np.isinf(value))) if value.dtype.kind == "f" else 0
-            if value.dtype != spec.dtype:
-                if value.dtype.kind != spec.dtype.kind and not (value.dtype.kind in "iu" and spec.dtype.kind in "iu"):
-                    raise UserError(f"{where}: input {spec.name!r} is {value.dtype}, the model expects {spec.dtype}")
-                with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, as inf
-                    value = value.astype(spec.dtype)
-            if value.dtype.kind == "f":
-                _check_finite(value, spec, where, given_inf)
-            out[spec.name] = value
+            label = f"{where}: input {spec.name!r}"
+            if spec.wrappers:
+                key_kind = "O" if spec.key_dtype is not None and spec.key_dtype.kind in "OSU" else "i"
+                out[spec.name] = check_value(sample[spec.name], spec.wrappers,
+                                             lambda v, text, spec=spec: self._checked_tensor(v, spec, text),
+                                             key_kind, label)
+            else:
+                out[spec.name] = self._checked_tensor(sample[spec.name], spec, label)
         return out
+
+    def _checked_tensor(self, value, spec: InputSpec, label: str) -> np.ndarray:
+        """One tensor of a sample checked against ``spec`` (``label``: "where: input 'x' …")."""
+        value = np.asarray(value)
+        if spec.rank_known and value.ndim != spec.rank:
+            raise UserError(f"{label} has rank {value.ndim}, the model expects {spec.rank}")
+        for axis, (got, want) in enumerate(zip(value.shape, spec.shape if spec.rank_known else ())):
+            if isinstance(want, int) and want > 0 and got != want:
+                raise UserError(f"{label} dimension {axis} is {got}, the model expects {want}")
+        if spec.dtype == np.dtype(object) and value.dtype.kind in "US":
+            return _strings(value, label)
+        given_inf = int(np.count_nonzero(np.isinf(value))) if value.dtype.kind == "f" else 0
+        if value.dtype != spec.dtype:
+            if value.dtype.kind != spec.dtype.kind and not (value.dtype.kind in "iu" and spec.dtype.kind in "iu"):
+                raise UserError(f"{label} is {value.dtype}, the model expects {spec.kind_text()}")
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, as inf
+                value = value.astype(spec.dtype)
+        if value.dtype.kind == "f":
+            _check_finite(value, spec, label, given_inf, self.allow_nan, self.nan_reason)
+        return value
+
+
+def _strings(value: np.ndarray, label: str) -> np.ndarray:
+    """A ``U`` / ``S`` array (``.npz`` stores strings so) as the object array of ``str`` ORT takes."""
+    if value.dtype.kind == "S":
+        try:
+            value = np.char.decode(value, "utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{label}: bytes that are not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    return value.astype(object)
 
 
 def _role_values(role: tuple, shape: list, dims: Callable, rng) -> np.ndarray | None:
@@ -466,23 +557,30 @@ def _axis_size(data, axis: int, dims: Callable) -> int | None:
 _INF_LOGGED: set = set()  # (source, input) whose kept inf was logged
 
 
-def _check_finite(value: np.ndarray, spec: InputSpec, where: str, given_inf: int = 0) -> None:
-    """A :class:`UserError` naming the input and the counts when a value is NaN or the cast to
-    the input's dtype overflowed; the ``given_inf`` infinities the data held are kept (logged
-    once per input)."""
+NAN_REFUSED = ("calibration and evaluation data must not be NaN (where NaN is a legitimate input value, "
+               "--allow-nan keeps it for lossless passes)")
+
+
+def _check_finite(value: np.ndarray, spec: InputSpec, label: str, given_inf: int = 0, allow_nan: bool = False,
+                  nan_reason: str = "") -> None:
+    """A :class:`UserError` naming the input (``label``: "where: input 'x'") and the counts when a
+    value is NaN (unless ``allow_nan``) or the cast to the input's dtype overflowed; the
+    ``given_inf`` infinities the data held are kept (logged once per input), NaN too with
+    ``allow_nan``. ``nan_reason``: the refusal's reason instead of :data:`NAN_REFUSED`."""
     finite = np.isfinite(value)
     if finite.all():
         return
     nan = int(np.count_nonzero(np.isnan(value)))
     inf = int(value.size - np.count_nonzero(finite)) - nan
-    if not nan and inf == given_inf:
-        key = (where.split(":")[0], spec.name)  # once per source file and input
+    if (not nan or allow_nan) and inf == given_inf:
+        key = (label.split(":")[0], spec.name)  # once per source file and input
         if key not in _INF_LOGGED:
             _INF_LOGGED.add(key)
-            logging.getLogger("onnxslim_kit").info(
-                "%s: input %r holds %d inf of %d values (kept: a mask's -inf is data)", where, spec.name, inf, value.size)
+            counts = f"{inf} inf" + (f" and {nan} NaN" if nan else "")
+            logging.getLogger("onnxslim_kit").info("%s holds %s of %d values (kept: %s)", label, counts, value.size,
+                                                   "NaN allowed" if nan else "a mask's -inf is data")
         return
     counts = " and ".join(text for n, text in ((nan, f"{nan} NaN"), (inf, f"{inf} inf")) if n)
-    cause = "" if nan else f" ({inf - given_inf} from the cast to {spec.dtype})"
-    raise UserError(f"{where}: input {spec.name!r} ({spec.dtype}) has {counts} of {value.size} values{cause}; "
-                    "calibration and evaluation data must not be NaN")
+    cause = "" if inf == given_inf else f" ({inf - given_inf} from the cast to {spec.dtype})"
+    reason = (nan_reason or NAN_REFUSED) if nan and not allow_nan else "the cast must not overflow"
+    raise UserError(f"{label} ({spec.dtype}) has {counts} of {value.size} values{cause}; {reason}")

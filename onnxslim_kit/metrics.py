@@ -18,6 +18,15 @@ of them along its chain — of the order of eps · max|a|. With float32 (eps = 2
 (eps = 2⁻¹⁰ ≈ 9.8e-4) one step is already 10× the default (the attention float16 tests of
 ONNX's suite move by 6e-4), so the bound becomes ``4·2⁻¹⁰`` ≈ 3.9e-3 relative: four float16
 steps at the output's scale; a change of a constant by a few percent is still caught.
+
+NaN in the reference (a model fed NaN as "missing", ``allow_nan``): NaN where the candidate
+has NaN is equal, so the bounds above are over the positions finite in both; a NaN that moved,
+appeared or vanished is ``nonfinite_mismatch`` (never within tolerance).
+
+Values that are not tensors, as ONNX Runtime returns them: a sequence (``list``) is compared
+element by element and the worst taken (:func:`merge`), a different length is a mismatch; a map
+(``dict``) on its values in key order, other keys a mismatch; an absent optional (``None``)
+equals only ``None``.
 """
 
 from __future__ import annotations
@@ -41,7 +50,10 @@ class Drift:
 
 
 def compare(a: np.ndarray, b: np.ndarray) -> Drift:
-    """Drift of ``b`` from the reference ``a`` (same shape expected)."""
+    """Drift of ``b`` from the reference ``a`` (same shape expected; lists, dicts and None as the
+    module docstring says)."""
+    if isinstance(a, (list, tuple, dict)) or isinstance(b, (list, tuple, dict)) or a is None or b is None:
+        return _compare_values(a, b)
     a = np.asarray(a)
     b = np.asarray(b)
     if a.shape != b.shape:
@@ -62,6 +74,28 @@ def compare(a: np.ndarray, b: np.ndarray) -> Drift:
     scale = float(np.abs(a64[both]).max()) if diff.size else 0.0
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
     return Drift(max_abs, max_rel, cosine(a64[both], b64[both]), top1_agreement(a, b), None, nonfinite_mismatch)
+
+
+def _mismatch() -> Drift:
+    return Drift(float("inf"), float("inf"), 0.0, None, 0.0, True)
+
+
+def _compare_values(a, b) -> Drift:
+    """:func:`compare` of sequences, maps and optionals (module docstring)."""
+    if a is None or b is None:
+        return Drift(0.0, 0.0, 1.0) if a is None and b is None else _mismatch()
+    if isinstance(a, dict) or isinstance(b, dict):
+        if not (isinstance(a, dict) and isinstance(b, dict)) or set(a) != set(b):
+            return _mismatch()
+        keys = sorted(a, key=repr)
+        a, b = [a[k] for k in keys], [b[k] for k in keys]
+        if all(np.ndim(v) == 0 for v in a + b):  # scalar values: one vector, on its own scale
+            return compare(np.array(a), np.array(b))
+    if not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))) or len(a) != len(b):
+        return _mismatch()
+    if not a:
+        return Drift(0.0, 0.0, 1.0)
+    return merge([compare(x, y) for x, y in zip(a, b)])
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

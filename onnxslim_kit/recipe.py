@@ -151,7 +151,7 @@ def recipe_arguments(data: dict, *, model=None, calib=None, eval_data=None, wher
         "target": data.get("target") or None,
         "metric": data.get("metric") or None,
     }
-    for key in ("input_shapes", "fixed_inputs", "num_samples", "verify_samples", "verify"):
+    for key in ("input_shapes", "fixed_inputs", "num_samples", "verify_samples", "verify", "allow_nan"):
         if settings.get(key) is not None:
             arguments[key] = settings[key]
     return arguments

@@ -113,7 +113,7 @@ def concrete_shapes(model, sample: dict) -> dict:
     graph = model.graph
     names = [t.name for t in graph.tensors().values()
              if isinstance(t, gs.Variable) and t.name and not any(t is i for i in graph.inputs)]
-    shapes: dict = {name: tuple(np.shape(sample[name])) for name in sample}
+    shapes: dict = {name: tuple(v.shape) for name, v in sample.items() if isinstance(v, np.ndarray)}
     for acts in iter_activations(model.to_proto(), names, [sample], threads=1):
         for name, value in acts.items():
             if not isinstance(value, np.ndarray):  # a sequence / optional value: no channels
