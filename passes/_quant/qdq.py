@@ -25,6 +25,7 @@ import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes._common.graph import consumers, new_constant
 from onnxslim_kit.passes._quant.dynamic import dynamic_matmul
+from onnxslim_kit.passes._quant.hardswish import quantize_hard_activations
 from onnxslim_kit.passes._quant.smooth import weight_array
 
 INT32_MAX = 2**31 - 1
@@ -319,6 +320,11 @@ def apply_plan(model, plan, enabled: set, result=None, fallback=None) -> int:
     Q point shared with static layers is read through its DQ only by those (a point that is
     only a static layer's *output* keeps all its readers, so that layer still fuses).
 
+    Step 4: a HardSigmoid / HardSwish between Q points is rewritten into ``Add → Q → DQ →
+    Mul``, which ORT runs as QLinearAdd + QLinearMul (:mod:`onnxslim_kit.passes._quant.hardswish`);
+    ``plan.pooled`` adds the Q point in front of a squeeze-excite GlobalAveragePool whose output
+    is a static layer's point (:func:`onnxslim_kit.passes.int8.plan.pool_inputs`).
+
     ``plan`` (see :class:`int8.Plan`) holds names only, so it applies to any copy of the model
     it was made from: ``plan.layers`` (``LayerSpec``), ``plan.params`` (tensor → (scale, zero)),
     ``plan.per_channel``, ``plan.bias_shift`` (layer → vector added to its bias, see
@@ -342,6 +348,7 @@ def apply_plan(model, plan, enabled: set, result=None, fallback=None) -> int:
             _quantize_weights(model, graph, node, spec, plan)
         if result is not None:
             result.rewrite(f"{node.op}→int8")
+    quantize_hard_activations(model, graph, result)  # step 4: hard-swish between Q points, in int8 kernels
     gather_then_dequantize(graph)
     return len(chosen)
 
@@ -376,7 +383,8 @@ def _q_points(chosen: list, plan) -> list:
         for name in spec.inputs + [spec.output]:
             if name in plan.params and name not in points:
                 points.append(name)
-    return points
+    pooled = getattr(plan, "pooled", {})  # a pool's input, where the pooled tensor is a static layer's point
+    return points + [name for name, out in pooled.items() if out in points and name not in points]
 
 
 def _encoded(plan, spec, kind: str, make):

@@ -17,7 +17,9 @@ options and the sensitivity fallback switch between int8 and float). Conditions:
 The Q/DQ *points* of a layer, as ORT's QDQ fusion expects them (``DQ → op → Q``): every
 activation input, and its output — or, when the output's only reader is a Relu / Clip, that
 activation's output (ORT then removes the Relu / Clip: the Q's range does the clipping).
-A tensor is quantized once; all its readers see the DQ.
+A tensor is quantized once; all its readers see the DQ. One more point: the input of a
+GlobalAveragePool whose output is a layer's input (squeeze-excite, :func:`pool_inputs`), so
+that ORT runs the pool, the excite Mul and the hard-swish in front in int8 kernels.
 
 Safeguards (each an option) keep tensors float; a layer whose *input* must stay float stays
 float entirely, one whose *output* must stay float is quantized on its inputs only:
@@ -80,6 +82,20 @@ def find_layers(graph: gs.Graph, result) -> list:
             layer.output = _q_point(node.outputs[0], graph)
             layers.append(layer)
     return layers
+
+
+def pool_inputs(graph: gs.Graph, layers: list) -> dict:
+    """``{X: Y}`` for every ``Y = GlobalAveragePool(X)`` whose ``Y`` is a layer's input (the
+    squeeze-excite pattern ``X → GlobalAveragePool → Conv … → HardSigmoid → Mul(X, ·)``): ``X``
+    is an extra Q point, so ORT runs the pool as QLinearGlobalAveragePool, the excite Mul as
+    QLinearMul and the hard-swish that makes ``X`` in int8 (:mod:`onnxslim_kit.passes._quant.hardswish`)."""
+    inputs = {t.name for l in layers for t in l.inputs}
+    found = {}
+    for node in graph.nodes:
+        if is_onnx_op(node, "GlobalAveragePool") and node.outputs[0].name in inputs and _is_float_var(node.inputs[0]) \
+                and not is_graph_output(node.inputs[0], graph) and producer(node.inputs[0]) is not None:
+            found[node.inputs[0].name] = node.outputs[0].name
+    return found
 
 
 def _is_float_var(t) -> bool:
