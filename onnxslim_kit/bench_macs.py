@@ -60,8 +60,17 @@ def estimate_macs(proto: onnx.ModelProto, input_shapes: dict | None = None, feed
 def inferred(proto: onnx.ModelProto, input_shapes: dict | None = None) -> onnx.ModelProto | None:
     """A copy of ``proto`` with its inputs fixed to ``input_shapes`` and shapes inferred
     (None when inference fails outright)."""
-    model = onnx.ModelProto()
-    model.CopyFrom(proto)
+    import tempfile
+
+    from .streaming import checker_view
+
+    with tempfile.TemporaryDirectory(prefix="slim-macs-") as folder:
+        # a copy without the weights (stubs into a sparse file): shape inference reads the
+        # values of integer tensors only, which the view keeps
+        return _inferred(checker_view(proto, folder), input_shapes)
+
+
+def _inferred(model: onnx.ModelProto, input_shapes: dict | None) -> onnx.ModelProto | None:
     for value in model.graph.input:
         shape = (input_shapes or {}).get(value.name)
         if shape is None or not value.type.HasField("tensor_type"):

@@ -247,7 +247,8 @@ class Model:
         """(proto, arrays) to build an ONNX Runtime session from without exporting the weights:
         the proto's main-graph constants of 1 KB or more are empty external-data stubs
         (location ``in-memory``), ``arrays`` maps their names to the model's own values
-        (:func:`.runtime.make_session` writes them to its spill file one at a time). The
+        (:func:`.runtime.make_session` hands them to ORT, which at level ``disable`` runs on them
+        where they lie: no second copy of the weights beside the model). The
         same bytes :meth:`to_proto` would export. ``arrays`` is None for a model with
         subgraphs (a full proto then)."""
         if len(list(self.all_graphs())) != 1:

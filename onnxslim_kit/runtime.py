@@ -17,12 +17,35 @@ Tensors left on disk (anchored, :mod:`.streaming`) carry absolute locations, whi
 ("Absolute path not allowed for external data location"): every session goes through
 :func:`make_session` (their files become its external-data folder) or, for a session with a
 folder of its own, :func:`map_anchored`.
+
+A Model's in-memory weights (``arrays``, :meth:`.model.Model.session_proto`): how ORT 1.32 takes
+an array, the memory a session adds over the caller's arrays (``benchmarks`` decoder of 480 MB,
+all 2-D weights in memory; 64 MB MatMul weight in ``tests/core/test_runtime_prepack.py``):
+
+=====================================  ==========================================  ============
+way                                    what ORT does                               480 MB model
+=====================================  ==========================================  ============
+spill file (written, ORT maps it)      reads the file's pages: a second copy       +467 MB
+``add_external_initializers``          copies each array                           +458 MB
+``add_initializer`` (an OrtValue)      runs on the caller's buffer                 +2 MB
+the weight as a graph input, fed       reads the fed array in place                +1 MB (64 MB)
+=====================================  ==========================================  ============
+
+``add_initializer`` keeps the weight an initializer (kernels that need a constant input get
+one), so sessions at level ``disable`` (verification, calibration) take arrays that way. ORT's
+graph optimizers, though, read such an initializer from the file its stub names, not from the
+buffer (a Transpose folded at level ``all`` from a sparse stand-in file gave zeros): at other
+levels the arrays go to the spill file. The stubs of initializers given in place name an
+*empty* stand-in file, so a read ORT would make of it fails loudly instead of reading zeros.
+One folder holds both the anchored weights and the session's temporary files (ORT takes one
+external-data folder): their deepest common folder, the locations relative to it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,7 +54,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
-from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
+from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
 from .streaming import (NUMPY_DTYPES, copy_fields, copy_fields_except_data, is_anchored, relocate_anchored,
                         set_location, tensor_array, tensor_nbytes)
@@ -87,6 +110,7 @@ def make_session(
     arrays: dict | None = None,
     prepack: bool = True,
     profile: str | None = None,
+    extra_nodes: list | None = None,
 ) -> ort.InferenceSession:
     """A session for a proto or a file path; ``extra_outputs``: intermediate tensors the
     session also returns (proto only, see :func:`add_outputs`).
@@ -99,9 +123,14 @@ def make_session(
     a session costs ≈ 1× the weights instead of 3×. ``arena=False``: ORT's CPU arena off — it
     keeps a run's peak of intermediates for the session's life; without it they go back to
     malloc as they are freed (see :func:`give_back`). For sessions that run a few samples.
-    ``arrays``: the values of the proto's ``in-memory`` stubs (:meth:`.model.Model.session_proto`),
-    written to the spill file like the weights of a whole proto. ``prepack=False``: no packed
-    weight copies — for sessions that verify, calibrate or run a few samples, never for timing
+    ``arrays``: the values of the proto's ``in-memory`` stubs (:meth:`.model.Model.session_proto`):
+    at ``opt_level="disable"`` ORT runs on them where they lie (nothing copied, the session holds
+    them), at other levels they are written to the spill file like the weights of a whole proto
+    (module docstring). ``extra_nodes``: NodeProtos added to the skeleton's graph, each right
+    after the nodes making its inputs, the session run in the list's order
+    (:func:`place_after_producers`); their outputs named in ``extra_outputs``
+    (:func:`.activations.iter_activations`' ``absmax``). ``prepack=False``: no packed weight
+    copies — for sessions that verify, calibrate or run a few samples, never for timing
     (module docstring). ``profile``: a file prefix; ORT profiles the session's runs
     (``end_profiling`` returns the file).
     """
@@ -116,30 +145,106 @@ def make_session(
     skeleton, moved, folder = split_weights(model, arrays)
     if extra_outputs:
         add_outputs(skeleton, extra_outputs)
+    if extra_nodes:
+        place_after_producers(skeleton.graph, extra_nodes)
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED  # the node list's order (see there)
     if not moved:
         if folder is not None:  # weights left on disk: ORT maps them from their files
             so.add_session_config_entry(EXTERNAL_FOLDER, folder)
         return ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
-    if folder is not None:  # both kinds: ORT reads one folder, the in-memory weights go as arrays
-        so.add_session_config_entry(EXTERNAL_FOLDER, folder)
-        held = [_values(t, arrays) for _, t in moved]
-        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in held]
-        for stub, _ in moved:
-            set_location(stub, "in-memory", 0, 0)
-        so.add_external_initializers([t.name for _, t in moved], values)
-        session = ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
-        session._slim_weights = (held, values)  # ORT is handed the buffers: keep them alive
-        return session
+    in_place = opt_level == "disable"  # module docstring: ORT's optimizers would read the stand-in
     with tempfile.TemporaryDirectory(prefix="slim-ort-", ignore_cleanup_errors=True) as tmp:
-        with open(Path(tmp) / SPILL, "wb") as fh:
-            for stub, tensor in moved:
-                start = -(-fh.tell() // 4096) * 4096  # page-aligned: ORT maps instead of reading
-                fh.write(b"\0" * (start - fh.tell()))
-                data = _values(tensor, arrays)
-                fh.write(memoryview(data).cast("B"))
-                set_location(stub, SPILL, start, data.nbytes)
-        so.add_session_config_entry(EXTERNAL_FOLDER, tmp)
-        return ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
+        root = _shared_root(skeleton, folder, tmp)
+        if root is None:  # no folder holds both (Windows drives): ORT copies the arrays
+            so.add_session_config_entry(EXTERNAL_FOLDER, folder)
+            held = _copied(moved, arrays, so)
+        else:
+            so.add_session_config_entry(EXTERNAL_FOLDER, root)
+            held = _hand_over(moved, arrays, in_place, so, tmp, os.path.relpath(tmp, root))
+        session = ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers)
+    session._slim_weights = held  # ORT runs on these buffers: alive as long as the session
+    return session
+
+
+def place_after_producers(graph: onnx.GraphProto, nodes: list) -> None:
+    """Insert ``nodes`` (in topological order among themselves) into ``graph.node``, each right
+    after the last node making one of its inputs (first when only graph inputs or initializers
+    feed it), so a session that follows the list runs it as soon as it can, and the tensor it
+    reads can go. ORT's default order (a walk up from the outputs) runs nodes appended at the end
+    last, every tensor they read alive till then (eight observed 16 MB tensors: 160 MB at the
+    run's peak); its priority-based order follows the list (48 MB), with the same results."""
+    position = {t: i for i, node in enumerate(graph.node) for t in node.output}
+    after: dict = {}
+    for node in nodes:
+        slot = max((position.get(t, -1) for t in node.input if t), default=-1)
+        after.setdefault(slot, []).append(node)
+        position.update((t, slot) for t in node.output)
+    old = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(after.get(-1, []))
+    for i, node in enumerate(old):
+        graph.node.append(node)
+        graph.node.extend(after.get(i, []))
+
+
+STAND_IN = "stand-in"  # an empty file the stubs of initializers given in place name (ORT checks it exists)
+
+
+def _shared_root(skeleton: onnx.ModelProto, folder: str | None, tmp: str) -> str | None:
+    """The external-data folder of a session whose weights lie in ``folder`` (the anchored ones,
+    named relative to it) and in ``tmp``: the deepest folder holding both — ``skeleton``'s
+    anchored tensors are renamed relative to it (never with ``..``, which ORT refuses).
+    None when there is none (paths on different drives)."""
+    if folder is None:
+        return tmp
+    try:
+        root = os.path.commonpath([os.path.abspath(folder), os.path.abspath(tmp)])
+    except ValueError:
+        return None
+    for tensor in _get_all_tensors(skeleton):
+        if uses_external_data(tensor):
+            info = ExternalDataInfo(tensor)
+            where = os.path.relpath(os.path.join(folder, info.location), root)
+            set_location(tensor, where, info.offset or 0, info.length or 0)
+    return root
+
+
+def _hand_over(moved: list, arrays: dict | None, in_place: bool, so: ort.SessionOptions, tmp: str,
+               prefix: str) -> list:
+    """Give ORT the tensors ``split_weights`` moved: with ``in_place``, those whose values are in
+    ``arrays`` (a Model's own, in memory) as initializers it reads where they lie
+    (``add_initializer``; their stubs name an empty stand-in file); the others written one at a
+    time, page-aligned, to a spill file in ``tmp`` it maps. Returns the buffers the session runs on."""
+    held = []
+    with open(Path(tmp) / SPILL, "wb") as fh:
+        for stub, tensor in moved:
+            if in_place and arrays and tensor.name in arrays and tensor.data_location == onnx.TensorProto.EXTERNAL:
+                array = _values(tensor, arrays)
+                if not array.flags.aligned:  # ORT's kernels want aligned buffers
+                    array = np.array(array)
+                value = ort.OrtValue.ortvalue_from_numpy(array)
+                so.add_initializer(tensor.name, value)
+                held.append((array, value))
+                set_location(stub, os.path.join(prefix, STAND_IN), 0, array.nbytes)
+                continue
+            start = -(-fh.tell() // 4096) * 4096  # page-aligned: ORT maps instead of reading
+            fh.write(b"\0" * (start - fh.tell()))
+            data = _values(tensor, arrays)
+            fh.write(memoryview(data.reshape(-1).view(np.uint8)))
+            set_location(stub, os.path.join(prefix, SPILL), start, data.nbytes)
+    if held:
+        open(Path(tmp) / STAND_IN, "wb").close()
+    return held
+
+
+def _copied(moved: list, arrays: dict | None, so: ort.SessionOptions) -> list:
+    """``add_external_initializers``: ORT copies each array (+1× the moved weights)."""
+    held = [_values(t, arrays) for _, t in moved]
+    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in held]
+    for stub, _ in moved:
+        set_location(stub, "in-memory", 0, 0)
+    so.add_external_initializers([t.name for _, t in moved], values)
+    return list(zip(held, values))
 
 
 def add_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> None:

@@ -22,6 +22,7 @@ The input files are only ever opened for reading.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import sys
 from pathlib import Path
@@ -136,6 +137,83 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
             return np.zeros(shape, dtype)
         return np.memmap(info.location, dtype=dtype, mode="r", offset=info.offset or 0, shape=shape)
     return np.ascontiguousarray(numpy_helper.to_array(tensor))
+
+
+READ_CHUNK = 1 << 20
+
+
+def value_chunks(values, chunk: int | None = None):
+    """The C-order bytes of a constant's values (``Constant._values``: an array, lazy values or
+    a map of a file) in pieces of ``chunk`` bytes (the last one shorter), never loading them:
+    a tensor left on disk — :class:`MappedValues` not read yet, or the unchanged map of one —
+    is read from its file through one ``chunk``-byte buffer (``readinto``: the file's pages go
+    through the page cache, never into the process's mappings, so its RSS grows by the buffer
+    and not by the tensor; the page cache is not dropped: the verification session reads the
+    same pages next); an in-memory array is sliced where it lies; lazy values over an in-memory
+    tensor are converted once (one tensor's transient copy, not kept by the constant).
+    The bytes are little-endian as ONNX stores them (numpy's order on x86 and ARM).
+
+    None when its bytes cannot be had so: object / string arrays, types numpy cannot hold
+    exactly (bfloat16, int4 … still lazy), sparse tensors, external data not anchored.
+    Each piece is valid until the next one is asked for. ``chunk``: :data:`READ_CHUNK` if None."""
+    chunk = chunk or READ_CHUNK
+    source = _file_source(values)
+    if source is not None:
+        return _file_chunks(*source, chunk)
+    if isinstance(values, LazyValues):
+        tensor = values.tensor
+        if not isinstance(tensor, onnx.TensorProto) or tensor.data_type not in NUMPY_DTYPES \
+                or uses_external_data(tensor):
+            return None
+        values = numpy_helper.to_array(tensor)
+    if not isinstance(values, np.ndarray) or values.dtype.kind in "OUSV":
+        return None
+    flat = memoryview(np.ascontiguousarray(values).reshape(-1).view(np.uint8))
+    return (flat[i:i + chunk] for i in range(0, max(len(flat), 1), chunk))
+
+
+def release_pages(values) -> bool:
+    """Drop the resident pages of a read-only file map (``np.memmap`` of a weight left on disk)
+    from the process (``madvise(MADV_DONTNEED)``): its RSS falls by what was read, the values
+    stay readable (the next read maps them again from the page cache or the file). For a pass
+    that reads weights one at a time: each weight's pages can go once it is done with it, or a
+    pass over every weight ends with the whole model resident. Returns whether pages were
+    released (False: not a file map, or no ``madvise`` on this platform)."""
+    handle = getattr(values, "_mmap", None) if isinstance(values, np.memmap) else None
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if handle is None or advice is None or getattr(handle, "closed", False) or values.flags.writeable:
+        return False
+    handle.madvise(advice)
+    return True
+
+
+def _file_source(values) -> tuple | None:
+    """(path, offset, length) of values that are a tensor left on disk, unchanged."""
+    tensor = getattr(values, "_slim_source", None) if isinstance(values, np.memmap) else None
+    if tensor is not None and values.shape != tuple(tensor.dims):
+        return None
+    if isinstance(values, MappedValues):
+        tensor = values.tensor
+    if tensor is None or not is_anchored(tensor) or tensor.data_type not in NUMPY_DTYPES:
+        return None
+    info = ExternalDataInfo(tensor)
+    return info.location, info.offset or 0, tensor_nbytes(tensor)
+
+
+def _file_chunks(path: str, offset: int, length: int, chunk: int):
+    buffer = bytearray(min(chunk, max(length, 1)))
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(offset)
+        left = length
+        while True:
+            n = fh.readinto(view[:min(len(buffer), left)]) if left else 0
+            if left and not n:
+                raise OSError(f"{path}: ended {left} bytes before the tensor's end")
+            yield view[:n]
+            left -= n
+            if not left:
+                return
 
 
 class MappedValues(LazyValues):

@@ -255,7 +255,10 @@ def fit_generated(session, feed, n: int):
 
 def _session(proto: onnx.ModelProto, arrays: dict | None = None, extra_outputs: list | None = None):
     """A verification session: ORT's arena off (it would keep the largest run's intermediates
-    until the session goes, and malloc keeps them after; MiniLM: ≈ 50 MB)."""
+    until the session goes, and malloc keeps them after; MiniLM: ≈ 50 MB), no packed weight
+    copies, at level ``disable``, so a Model's ``arrays`` are read where they lie. With the
+    reference session gone before any candidate's (:class:`Verifier` keeps only its outputs),
+    the verification peak is one model's session (``tests/core/test_verify_memory.py``)."""
     outputs = {o.name for o in proto.graph.output}
     extra = [n for n in extra_outputs or [] if n not in outputs] or None
     return make_session(proto, arena=False, arrays=arrays, extra_outputs=extra, prepack=False)

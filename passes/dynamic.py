@@ -32,6 +32,7 @@ import numpy as np
 
 from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
+from onnxslim_kit.streaming import release_pages
 
 from onnxslim_kit.passes._common.graph import attr, const_value, is_onnx_op
 from onnxslim_kit.passes._quant.dynamic import dynamic_matmul, integer_op, rescale
@@ -86,7 +87,8 @@ class DynamicPass(Pass):
 
     # --- MatMul / Gemm --------------------------------------------------------------------
     def _matmul(self, model, graph, node, opts, result) -> None:
-        x, w = node.inputs[0], const_value(node.inputs[1])
+        x, weight = node.inputs[0], node.inputs[1]
+        w = const_value(weight)
         if const_value(x) is not None or w is None or w.ndim != 2 or w.dtype != np.float32:
             return result.skip(f"{node.op}: weight not a 2-D float constant")
         if w.size < opts["min_weights"]:
@@ -106,11 +108,13 @@ class DynamicPass(Pass):
         scales = weight_scales(w, axis)
         w_q = quantize_weight(w, scales, axis)
         dynamic_matmul(model, graph, node, x, w_q, (scales * alpha).astype(np.float32), bias)
+        release_pages(getattr(weight, "_values", None))  # a weight read from its file: its pages go
         result.rewrite(f"{node.op}→MatMulInteger")
 
     # --- Conv -----------------------------------------------------------------------------
     def _conv(self, model, graph, node, opts, result) -> None:
-        x, w = node.inputs[0], const_value(node.inputs[1])
+        x, weight = node.inputs[0], node.inputs[1]
+        w = const_value(weight)
         if const_value(x) is not None or w is None or w.dtype != np.float32:
             return result.skip("Conv: weight not a float constant")
         bias = None
@@ -128,4 +132,5 @@ class DynamicPass(Pass):
         scale = scales.reshape(shape) if axis is not None else scales
         bias = bias.reshape(shape).astype(np.float32) if bias is not None else None
         rescale(model, graph, y, x_scale, scale, bias, node)
+        release_pages(getattr(weight, "_values", None))
         result.rewrite("Conv→ConvInteger")

@@ -50,7 +50,6 @@ the same graph, and outer-scope tensors are never rerouted into a scope that can
 
 from __future__ import annotations
 
-import hashlib
 from functools import partial
 
 import numpy as np
@@ -62,6 +61,7 @@ from onnxslim_kit.model import constant_node_to_tensor
 from onnxslim_kit.passes._common.graph import as_array, is_graph_output, is_onnx_op, replace_uses
 from onnxslim_kit.passes._common.match import MatchResult, RuleRun
 from onnxslim_kit.passes._common.shapes import ShapeTable, elem_type
+from onnxslim_kit.passes.fuse.merges import merge_duplicate_constants
 from onnxslim_kit.passes.fuse.shape_fold import constant_reshape_targets, fold_shapes
 from onnxslim_kit.passes.fuse.weight_slots import feeds_weights_only
 
@@ -445,48 +445,8 @@ def inline_constant_ifs(graph, run: RuleRun) -> int:
 
 # --- 5. Duplicate constants -----------------------------------------------------------------------
 
-def _digest(tensor, cache: dict) -> bytes | None:
-    values = tensor.values
-    key = id(tensor)
-    hit = cache.get(key)
-    if hit is not None and hit[0] is values:
-        return hit[1]
-    array = np.asarray(values)
-    if array.dtype.kind == "O":
-        return None
-    digest = hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).digest()
-    cache[key] = (values, digest)
-    return digest
-
-
-def merge_duplicate_constants(graph, run: RuleRun) -> int:
-    by_type = {}
-    for node in graph.nodes:
-        for tensor in node.inputs:
-            if isinstance(tensor, gs.Constant):
-                key = (elem_type(tensor), tuple(tensor.shape))
-                group = by_type.setdefault(key, [])
-                if not any(t is tensor for t in group):
-                    group.append(tensor)
-    replace = {}
-    for group in by_type.values():
-        if len(group) < 2:
-            continue
-        kept = {}
-        for tensor in group:
-            digest = _digest(tensor, run.digests)
-            if digest is None:
-                continue
-            first = kept.setdefault(digest, tensor)
-            if first is not tensor and np.asarray(first.values).tobytes() == np.asarray(tensor.values).tobytes():
-                replace[id(tensor)] = first
-    if not replace:
-        return 0
-    for node in graph.nodes:
-        for i, tensor in enumerate(node.inputs):
-            if id(tensor) in replace and isinstance(tensor, gs.Constant):
-                node.inputs[i] = replace[id(tensor)]
-    return len(replace)
+# merge_duplicate_constants lives in merges.py: it hashes and compares in 1 MiB pieces read from
+# the weight's file (streaming.value_chunks), never mapping or loading a whole weight
 
 
 # --- 6. Common subexpressions ---------------------------------------------------------------------

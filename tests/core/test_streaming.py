@@ -2,6 +2,7 @@
 written tensor by tensor — with exactly the result of the in-memory path."""
 
 import hashlib
+import sys
 
 import numpy as np
 import onnx
@@ -194,3 +195,121 @@ def test_session_of_an_in_memory_proto_matches_a_serialized_one(monkeypatch):
     got = run(make_session(proto), x)["y"]
     np.testing.assert_array_equal(got, want)
     assert len(given[0]) < 2000 < proto.ByteSize()  # the weights went through a mapped file
+
+
+# --- bytes of a constant in pieces (fuse's duplicate-constant check) ---------------------------
+
+DUPLICATES = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 64] x) => (float[2, 64] y) {
+  a = MatMul (x, W0)
+  b = MatMul (x, W1)
+  c = MatMul (x, W2)
+  s = Add (a, b)
+  y = Add (s, c)
+}
+"""
+
+
+def duplicates_model() -> onnx.ModelProto:
+    """W1 equals W0; W2 differs from them in its last byte only (a piece past the first)."""
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((64, 64)).astype(np.float32)
+    w2 = w0.copy()
+    w2.view(np.uint8).reshape(-1)[-1] ^= 1
+    proto = onnx.parser.parse_model(DUPLICATES)
+    for name, value in (("W0", w0), ("W1", w0.copy()), ("W2", w2)):
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+    return proto
+
+
+def joined(values, chunk) -> bytes:
+    from onnxslim_kit.streaming import value_chunks
+
+    pieces = [bytes(p) for p in value_chunks(values, chunk)]
+    assert all(len(p) == chunk for p in pieces[:-1])  # the same cuts whatever the source
+    assert len(pieces[-1]) <= chunk
+    return b"".join(pieces)
+
+
+@pytest.mark.parametrize("chunk", [1000, 4096, 1 << 20])
+def test_value_chunks_are_the_bytes_of_every_kind_of_values(tmp_path, chunk):
+    """A weight left on disk (lazy or its map), an array, lazy values in memory: the same bytes,
+    in the same pieces; nothing loaded into the constant."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    proto = duplicates_model()
+    want = onnx.numpy_helper.to_array(proto.graph.initializer[0]).tobytes()
+    in_memory = Model.from_proto(proto).graph.tensors()["W0"]
+    assert type(in_memory._values) is LazyValues
+    assert joined(in_memory._values, chunk) == want
+    assert type(in_memory._values) is LazyValues  # not loaded
+    assert joined(np.array(in_memory.values), chunk) == want
+    assert joined(np.asfortranarray(in_memory.values), chunk) == want  # C order whatever the layout
+    lazy = Model.from_proto(load_proto(save_external(proto, tmp_path / "m.onnx"), lazy=True)).graph.tensors()["W0"]
+    assert isinstance(lazy._values, MappedValues)
+    assert joined(lazy._values, chunk) == want
+    assert isinstance(lazy._values, MappedValues)
+    lazy.values  # now a map of the file: read from the file all the same
+    assert joined(lazy._values, chunk) == want
+    assert joined(np.zeros(0, np.float32), chunk) == b""
+
+
+def test_value_chunks_refuse_what_they_cannot_read_as_it_is():
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    from onnxslim_kit.streaming import value_chunks
+
+    assert value_chunks(np.array(["a", "b"], dtype=object)) is None
+    bf16 = onnx.helper.make_tensor("t", onnx.TensorProto.BFLOAT16, [2], [1.0, 2.0])
+    assert value_chunks(LazyValues(bf16)) is None  # loading would cast it to float32
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_duplicate_merge_reads_weights_without_loading_them(tmp_path, external, monkeypatch):
+    """fuse's rule 5 (:mod:`onnxslim_kit.passes.fuse.merges`): W1 merged into W0, W2 (one byte
+    apart) kept; every constant still lazy afterwards — weights on disk never mapped into the
+    process (the check used to keep every weight's pages resident: +0.95× the model)."""
+    from onnxslim_kit.pass_base import PassResult
+    from onnxslim_kit.passes._common.match import RuleRun
+    from onnxslim_kit.passes.fuse import merges
+
+    monkeypatch.setattr("onnxslim_kit.streaming.READ_CHUNK", 1000)  # several pieces per weight
+    proto = duplicates_model()
+    if external:
+        proto = load_proto(save_external(proto, tmp_path / "m.onnx"), lazy=True)
+    model = Model.from_proto(proto)
+    kinds = {name: type(t._values) for name, t in model.graph.tensors().items() if name.startswith("W")}
+    run_ = RuleRun(model, PassResult())
+    assert merges.merge_duplicate_constants(model.graph, run_) == 1
+    read = [n.inputs[1].name for n in model.graph.nodes if n.op == "MatMul"]
+    assert read == ["W0", "W0", "W2"]
+    assert {name: type(model.graph.tensors()[name]._values) for name in ("W0", "W2")} == \
+        {name: kinds[name] for name in ("W0", "W2")}
+    assert merges.merge_duplicate_constants(model.graph, run_) == 0  # digests cached, nothing left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_release_pages_drops_a_read_weight_from_the_process(tmp_path):
+    """A 32 MB weight left on disk, read whole: +32 MB file-backed RSS; released: gone, and the
+    values read again the same. Arrays and writable maps are left alone (a copy-on-write page
+    dropped would lose its change)."""
+    from onnxslim_kit.streaming import release_pages
+
+    def file_rss() -> int:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("RssFile:"))
+
+    n = 8 << 20
+    np.arange(n + 1024, dtype=np.float32).tofile(tmp_path / "w.bin")
+    weight = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="r", offset=4096, shape=(n,))
+    before = file_rss()
+    total = float(weight.sum(dtype=np.float64))
+    assert file_rss() - before > 0.75 * weight.nbytes
+    assert release_pages(weight)
+    assert file_rss() - before < 0.25 * weight.nbytes
+    assert float(weight.sum(dtype=np.float64)) == total == float(np.arange(1024, n + 1024, dtype=np.float64).sum())
+    assert not release_pages(np.ones(4))
+    writable = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="c", shape=(16,))
+    writable[0] = -1.0
+    assert not release_pages(writable) and writable[0] == -1.0
