@@ -3,7 +3,8 @@
 Writes, together and atomically (an error or a Ctrl-C writes none of them): the chosen
 candidate's model (``-o``), its optimize report as a recipe (``--recipe``: ``python -m
 onnxslim_kit MODEL --recipe recipe.json -o OUT`` replays it to the same bytes, no timing), the
-plan's JSON (``--report``) and the timing cache (``--timing-cache``, read first when it exists).
+plan's JSON (``--report``), the timing cache (``--timing-cache``, read first when it exists) and
+the self-contained HTML page (``--html``, :mod:`onnxslim_kit.plan.html`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ EPILOG = """\
 examples:
   python -m onnxslim_kit plan model.onnx --calib samples/ -o model.plan.onnx --recipe recipe.json
   python -m onnxslim_kit plan model.onnx --calib c.npz --eval e.npz --target top1:0.99 --timing-cache t.json -o out.onnx
+  python -m onnxslim_kit plan model.onnx --calib c.npz --goal memory --html plan.html -o out.onnx
   python -m onnxslim_kit model.onnx --recipe recipe.json -o again.onnx     # replay the choice, no timing
 
 exit codes: 0 ok, 1 internal error, 2 bad input or option, 130 interrupted (nothing written)
@@ -63,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="held-out samples judging the target (default: one calibration sample in four)")
     parser.add_argument("--target", metavar="T", default=None,
                         help="fidelity the pipeline holds: cos:V, top1:V, rel:V or none (default cos:0.99)")
-    parser.add_argument("--goal", default="latency", choices=GOALS, help="what to minimise (default latency)")
+    parser.add_argument("--goal", default="latency", choices=GOALS, help="what to minimise: latency, file size or the session's peak memory (default latency)")
     parser.add_argument("--providers", default="cpu", help="the execution provider to time on (one; default cpu)")
     parser.add_argument("--threads", type=_threads, default=1, help="intra-op threads when timing (default 1)")
     parser.add_argument("--recipe", metavar="JSON", help="write the chosen pipeline's report (replay: --recipe)")
@@ -73,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget-s", type=_budget, metavar="S",
                         help="stop trying new pipelines after S seconds (those left are reported as skipped)")
     parser.add_argument("--report", metavar="JSON", help="write every candidate, the Pareto front and the choice")
+    parser.add_argument("--html", metavar="HTML",
+                        help="write one self-contained page: the table, the Pareto front, fidelity per view, "
+                             "size and latency by op (ORT's profiler) of the original and the chosen model")
     parser.add_argument("--runs", type=positive_int, default=50, help="timed rounds (default 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
@@ -106,10 +111,13 @@ def _checked(args) -> tuple:
         raise UserError(f"plan: {model}: no such file")
     output = Path(args.output) if args.output else default_output(model)
     _refuse_overwriting_input(model, output, Path(args.report) if args.report else None)
-    files = [output, args.recipe, args.report, args.timing_cache]
+    files = [output, args.recipe, args.report, args.timing_cache, args.html]
     named = [str(Path(f).resolve()) for f in files if f]
     if len(set(named)) != len(named):
-        raise UserError("plan: -o, --recipe, --report and --timing-cache must be different files")
+        raise UserError("plan: -o, --recipe, --report, --timing-cache and --html must be different files")
+    if str(model.resolve()) in named[1:]:
+        raise UserError(f"plan: {model} is the input model; --recipe, --report, --timing-cache and --html "
+                        "must be other files")
     for target in files:
         if target:
             check_writable(target)
@@ -127,6 +135,13 @@ def _recipe_json(result, output: Path, argv: list) -> str:
     return json.dumps(data, indent=2)
 
 
+def _html(result, model: Path) -> str:
+    from ..model import load_proto
+    from ..plan.html import page
+
+    return page(result, load_proto(model))
+
+
 def main(argv: list, program: bool = False) -> int:
     from ..calibration import parse_input_shapes
     from ..model import stage_file, stage_proto
@@ -142,9 +157,10 @@ def main(argv: list, program: bool = False) -> int:
     result = plan(model, calib=args.calib, eval_data=args.eval, target=args.target, goal=args.goal,
                   provider=provider, threads=args.threads, timing_cache=cache, budget_s=args.budget_s,
                   runs=args.runs, warmup=args.warmup, input_shapes=parse_input_shapes(args.input_shape),
-                  num_samples=args.num_samples, seed=args.seed, progress=progress_bar(args.quiet))
+                  num_samples=args.num_samples, seed=args.seed, progress=progress_bar(args.quiet),
+                  profile=bool(args.html))
     texts = {args.recipe: lambda: _recipe_json(result, output, argv), args.report: lambda: to_json(result),
-             args.timing_cache: cache.to_json}
+             args.timing_cache: cache.to_json, args.html: lambda: _html(result, model)}
     staged = stage_proto(result.chosen.proto, output)
     try:
         for path, text in texts.items():

@@ -1,7 +1,7 @@
 """``plan``: the fastest (or smallest) model that holds the fidelity target, chosen by measurement.
 
-Increment 1 (issue 17): the candidates are fixed whole pipelines (:mod:`.candidates`), each run
-by :func:`onnxslim_kit.optimize` with the plan's data, seed and target; those that hold the
+Increments 1 and 2 (issue 17): the candidates are fixed whole pipelines (:mod:`.candidates`),
+each run by :func:`onnxslim_kit.optimize` with the plan's data, seed and target; those that hold the
 target on held-out samples are timed together with the original by
 :func:`onnxslim_kit.bench.benchmark` (interleaved rounds, paired ratios vs the original) unless
 the timing cache (:mod:`.timing_cache`) already has them; :mod:`.choose` picks one. The chosen
@@ -14,7 +14,11 @@ Steps and their bounds:
    (then it is reported as skipped; the budget bounds the optimize runs, the one timing step
    after them is always done, for every feasible candidate not cached);
 3. candidates with the same bytes as an earlier one are timed once (``same_as``);
-4. goal size needs no timing: nothing is timed and the cache is not touched.
+4. goal size needs no timing: nothing is timed and the cache is not touched;
+5. goal memory measures each feasible candidate's session peak instead of timing it
+   (:mod:`.memory`), through the same cache;
+6. ``profile=True`` (``--html``): the original and the chosen model are profiled by ORT
+   (:mod:`.profile`, latency by op type), through the same cache.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from . import memory
+from . import profile as op_profile
 from .candidates import GOALS, Candidate, pipelines_for, run_candidate
 from .choose import choose, pareto_front
 from .timing_cache import TimingCache, machine_fields
@@ -39,7 +45,9 @@ class PlanResult:
     cache_hits: int = 0
     seconds: float = 0.0
     budget_stopped: bool = False
-    reference: dict = field(default_factory=dict)  # the original's size and median latency
+    reference: dict = field(default_factory=dict)  # the original's size and median latency (or peak)
+    measured: int = 0  # goal memory: peaks measured in this run (0: all from the cache)
+    profiles: dict = field(default_factory=dict)  # profile=True: {"original", "chosen"} latency by op
 
 
 def _run_all(model, pipelines, settings, budget_s, progress, optimize, log) -> tuple:
@@ -104,7 +112,7 @@ def _time(model, candidates, samples, machine, cache, reference_sha, timing) -> 
 def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency", provider: str = "cpu",
          threads: int = 1, timing_cache: TimingCache | None = None, budget_s: float | None = None,
          runs: int = 50, warmup: int = 5, input_shapes: dict | None = None, num_samples: int = 8,
-         seed: int = 0, progress=None, log=None) -> PlanResult:
+         seed: int = 0, progress=None, log=None, profile: bool = False) -> PlanResult:
     """Plan ``model`` (a path): see the module docstring. ``timing_cache``: read and extended
     (an in-memory one when None)."""
     import logging
@@ -127,19 +135,28 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
         settings["progress"] = progress
     candidates, stopped = _run_all(model, pipelines_for(goal), settings, budget_s, progress, optimize, log)
     cache = timing_cache if timing_cache is not None else TimingCache()
-    timed, reference = 0, {}
+    timed, measured, reference, profiles = 0, 0, {}, {}
     machine = machine_fields(full_provider, threads)
+    samples = []
+    if goal != "size" or profile:
+        feed = CalibrationFeed(input_specs(load_proto(model)), eval_data if eval_data is not None else calib,
+                               input_shapes, num_samples=num_samples, seed=seed)
+        samples = list(feed)
     if goal == "latency":
-        proto = load_proto(model)
-        feed = CalibrationFeed(input_specs(proto), eval_data if eval_data is not None else calib, input_shapes,
-                               num_samples=num_samples, seed=seed)
-        timed, reference = _time(model, candidates, list(feed), machine, cache, file_sha256(model),
+        timed, reference = _time(model, candidates, samples, machine, cache, file_sha256(model),
                                  {"runs": runs, "warmup": warmup, "progress": progress})
+    elif goal == "memory":
+        measured, peak = memory.measure(model, candidates, samples, machine, cache, file_sha256(model), runs)
+        reference = {"peak_mb": peak["peak_mb"]}
     chosen = choose(candidates, goal)
+    if profile:
+        profiles = {"original": op_profile.cached_latency(model, file_sha256(model), samples, machine, cache),
+                    "chosen": op_profile.cached_latency(chosen.proto, chosen.sha256, samples, machine, cache)}
     first = candidates[0].report
     plan_settings = {"goal": goal, "target": first.target, "provider": short_name(full_provider),
                      "threads": int(threads), "runs": runs, "warmup": warmup, "budget_s": budget_s,
                      "machine": machine, "pipelines": list(pipelines_for(goal)), "seed": seed}
     return PlanResult(candidates, chosen, pareto_front(candidates), plan_settings, timed=timed,
                       cache_hits=cache.hits, seconds=time.perf_counter() - start, budget_stopped=stopped,
-                      reference={"size_bytes": first.before.get("bytes"), **reference})
+                      reference={"size_bytes": first.before.get("bytes"), **reference}, measured=measured,
+                      profiles=profiles)

@@ -2,8 +2,9 @@
 
 A candidate is a fixed pipeline run by :func:`onnxslim_kit.optimize` on the model with the
 plan's data, seed and target, exactly as ``python -m onnxslim_kit MODEL --passes P`` would run
-it (so its report is a recipe that replays to the same bytes). Goal latency tries
-``LATENCY_PIPELINES`` in order; goal size adds ``fuse,cluster``.
+it (so its report is a recipe that replays to the same bytes). Goals latency and memory try
+``LATENCY_PIPELINES`` in order; goal size adds ``fuse,cluster`` (clustering shrinks the file
+once compressed, not what a session holds or how fast it runs).
 
 Whether a candidate holds the target (:func:`fidelity_of`): ``fuse`` alone (no lossy pass) always
 does. Otherwise the last lossy pass that was not rolled back carries the pipeline's verdict on
@@ -23,7 +24,7 @@ from .timing_cache import sha256_bytes
 
 LATENCY_PIPELINES = ("fuse", "fuse,int8", "fuse,dynamic", "fuse,fp16", "fuse,prune", "fuse,prune,int8")
 SIZE_PIPELINES = LATENCY_PIPELINES + ("fuse,cluster",)
-GOALS = ("latency", "size")
+GOALS = ("latency", "size", "memory")
 
 
 def pipelines_for(goal: str) -> tuple:
@@ -44,6 +45,7 @@ class Candidate:
     skipped: str | None = None  # why it was not tried (the time budget)
     same_as: str | None = None  # an earlier candidate with the same bytes
     timing: dict | None = None  # latency ratio vs the original, spread, median ms, cached?
+    memory: dict | None = None  # goal memory: the session's peak MB, how it was read, cached?
     seconds: float = 0.0  # wall time of its optimize run
     notes: list = field(default_factory=list)
 
@@ -54,7 +56,7 @@ class Candidate:
     def to_dict(self) -> dict:
         return {"pipeline": self.pipeline, "met": self.met, "used": self.used, "binding": self.binding,
                 "size_bytes": self.size_bytes, "sha256": self.sha256, "error": self.error,
-                "skipped": self.skipped, "same_as": self.same_as, "timing": self.timing,
+                "skipped": self.skipped, "same_as": self.same_as, "timing": self.timing, "memory": self.memory,
                 "optimize_seconds": round(self.seconds, 3), "notes": list(self.notes)}
 
 

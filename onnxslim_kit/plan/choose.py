@@ -11,12 +11,17 @@ Goal latency, with r(c) the paired latency ratio of candidate c vs the original:
 3. never slower than fuse: a choice with r(c) > r(fuse) is replaced by ``fuse`` (possible only
    through the tie rule, which may prefer a smaller file up to 3 % slower than the fastest).
 
+Goal memory, with m(c) the session's peak (:mod:`.memory`): the same three rules with m in place
+of r — the smallest peak m*, ties within TIE of m* to the smallest file, and never more than
+``fuse``'s peak.
+
 Goal size: the smallest file among the feasible candidates; ties (equal bytes) the lower
 ratio when timed, then the earlier pipeline.
 
 Pareto front (over the feasible candidates, duplicates by bytes counted once): c is on it
-unless some d is no worse on every axis (latency ratio, size, budget used) and better on one.
-An axis not measured (no timing under goal size) is left out of the comparison.
+unless some d is no worse on every axis (latency ratio or peak memory, size, budget used) and
+better on one. An axis not measured (no timing under goal size or memory, no peak under goal
+latency or size) is left out of the comparison.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ def _ratio(candidate) -> float | None:
     return (candidate.timing or {}).get("ratio")
 
 
+def _peak(candidate) -> float | None:
+    return (getattr(candidate, "memory", None) or {}).get("peak_mb")
+
+
 def choose(candidates: list, goal: str):
     """The chosen candidate (module docstring); ``fuse`` must be among ``candidates``."""
     feasible = [c for c in candidates if c.usable and c.same_as is None]
@@ -36,27 +45,28 @@ def choose(candidates: list, goal: str):
     if goal == "size":
         return min(feasible, key=lambda c: (c.size_bytes, _ratio(c) if _ratio(c) is not None else 0.0,
                                             order[c.pipeline]))
-    timed = [c for c in feasible if _ratio(c) is not None]
-    if not timed:
+    value = _peak if goal == "memory" else _ratio
+    measured = [c for c in feasible if value(c) is not None]
+    if not measured:
         return fuse
-    fastest = min(_ratio(c) for c in timed)
-    ties = [c for c in timed if _ratio(c) <= fastest * (1 + TIE)]
-    chosen = min(ties, key=lambda c: (c.size_bytes, _ratio(c), order[c.pipeline]))
-    if _ratio(fuse) is not None and _ratio(chosen) > _ratio(fuse):
+    best = min(value(c) for c in measured)
+    ties = [c for c in measured if value(c) <= best * (1 + TIE)]
+    chosen = min(ties, key=lambda c: (c.size_bytes, value(c), order[c.pipeline]))
+    if value(fuse) is not None and value(chosen) > value(fuse):
         return fuse
     return chosen
 
 
-def _axes(candidate, timed: bool) -> tuple:
+def _axes(candidate, measures: tuple) -> tuple:
     used = candidate.used if candidate.used is not None else 0.0
-    return ((_ratio(candidate),) if timed else ()) + (candidate.size_bytes, used)
+    return tuple(m(candidate) for m in measures) + (candidate.size_bytes, used)
 
 
 def pareto_front(candidates: list) -> list:
     """The pipelines on the Pareto front of the feasible candidates (module docstring), in order."""
     feasible = [c for c in candidates if c.usable and c.same_as is None]
-    timed = bool(feasible) and all(_ratio(c) is not None for c in feasible)
-    points = [(c, _axes(c, timed)) for c in feasible]
+    measures = tuple(m for m in (_ratio, _peak) if feasible and all(m(c) is not None for c in feasible))
+    points = [(c, _axes(c, measures)) for c in feasible]
 
     def dominated(point) -> bool:
         return any(all(o <= p for o, p in zip(other, point)) and other != point for _, other in points)

@@ -12,6 +12,10 @@ with (an entry paired with another original is not used). As TensorRT's builder 
 timing cache: with every candidate found here, nothing is timed and the same choice results,
 so the planned output is byte-identical on a rerun.
 
+Other measures share the file: a session's peak memory (goal memory, :mod:`.memory`) and an
+op profile (``--html``, :mod:`.profile`) are stored under the same key plus ``|memory`` or
+``|profile``; they are not paired, so they carry no original's sha256.
+
 The file is read once (a missing file is an empty cache; an unreadable or malformed one is a
 one-line error) and written atomically after the plan, entries sorted by key.
 """
@@ -52,9 +56,9 @@ def machine_fields(provider: str, threads: int) -> dict:
             "cpu": cpu_model()}
 
 
-def cache_key(model_sha256: str, machine: dict) -> str:
-    return "|".join([model_sha256, machine["provider"], str(machine["threads"]), machine["onnxruntime"],
-                     machine["cpu"]])
+def cache_key(model_sha256: str, machine: dict, measure: str = "latency") -> str:
+    fields = [model_sha256, machine["provider"], str(machine["threads"]), machine["onnxruntime"], machine["cpu"]]
+    return "|".join(fields + ([] if measure == "latency" else [measure]))
 
 
 class TimingCache:
@@ -68,16 +72,19 @@ class TimingCache:
         if self.path is not None and self.path.exists():
             self.entries = _read(self.path)
 
-    def get(self, model_sha256: str, machine: dict, reference_sha256: str) -> dict | None:
-        entry = self.entries.get(cache_key(model_sha256, machine))
-        if entry is None or entry.get("reference_sha256") != reference_sha256:
+    def get(self, model_sha256: str, machine: dict, reference_sha256: str | None,
+            measure: str = "latency") -> dict | None:
+        """The entry, or None; ``reference_sha256`` None: an unpaired measure (no original to match)."""
+        entry = self.entries.get(cache_key(model_sha256, machine, measure))
+        if entry is None or (reference_sha256 is not None and entry.get("reference_sha256") != reference_sha256):
             return None
         self.hits += 1
         return dict(entry)
 
-    def put(self, model_sha256: str, machine: dict, reference_sha256: str, timing: dict) -> None:
-        self.entries[cache_key(model_sha256, machine)] = {**timing, "reference_sha256": reference_sha256,
-                                                          **machine}
+    def put(self, model_sha256: str, machine: dict, reference_sha256: str | None, timing: dict,
+            measure: str = "latency") -> None:
+        paired = {} if reference_sha256 is None else {"reference_sha256": reference_sha256}
+        self.entries[cache_key(model_sha256, machine, measure)] = {**timing, **paired, **machine}
         self.added += 1
 
     def to_json(self) -> str:

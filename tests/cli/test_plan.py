@@ -176,3 +176,48 @@ def test_the_timing_cache_is_keyed_by_model_and_machine_and_ignores_another_orig
     assert again.get("a" * 64, machine, "another original") is None
     assert again.get("a" * 64, {**machine, "threads": 2}, "ref") is None
     assert again.get("b" * 64, machine, "ref") is None and again.hits == 1
+
+
+def test_goal_memory_takes_the_smallest_session_peak_that_holds_and_caches_the_peaks(files, tmp_path, monkeypatch):
+    cache = tmp_path / "memory.json"
+    page = tmp_path / "m.html"
+    first, report = _plan(files, tmp_path, "--goal", "memory", "--timing-cache", str(cache), "--html", str(page),
+                          name="m1")
+    feasible = [c for c in report["candidates"] if c["met"] and not c["same_as"] and not c["error"]]
+    peaks = {c["pipeline"]: c["memory"]["peak_mb"] for c in feasible}
+    chosen = report["chosen"]
+    assert all(p > 0 for p in peaks.values()) and report["timed"] == 0  # peaks, no latency timing
+    assert peaks[chosen] <= min(peaks.values()) * 1.03 and peaks[chosen] <= peaks["fuse"]
+    entries = json.loads(cache.read_text())["entries"]
+    peak_entries = {k: e for k, e in entries.items() if k.endswith("|memory")}
+    assert len(peak_entries) == report["measured"] == len(feasible) + 1  # the original as well
+    assert all(entry["peak_mb"] > 0 for entry in peak_entries.values())
+    assert sum(k.endswith("|profile") for k in entries) == 2  # --html: the original's and the chosen's op profile
+    assert report["reference"]["peak_mb"] > 0
+    front = page.read_text().split("<h2>Pareto front</h2>")[1].split("</svg>")[0]
+    assert "session peak (MB)" in front and front.count('class="mark"') == len(feasible)
+
+    def no_measuring(*_, **__):
+        raise AssertionError("measured although every peak is in the timing cache")
+
+    monkeypatch.setattr(bench, "peak_memory", no_measuring)
+    second, again = _plan(files, tmp_path, "--goal", "memory", "--timing-cache", str(cache), "--html", str(page),
+                          name="m2")
+    assert second.read_bytes() == first.read_bytes() and again["chosen"] == chosen
+    assert again["measured"] == 0 and all(c["memory"]["cached"] for c in again["candidates"] if c["memory"])
+    assert again["profiles"]["chosen"]["cached"] and again["profiles"]["original"] == {
+        **report["profiles"]["original"], "cached": True}
+
+
+def test_choose_under_goal_memory_mirrors_the_latency_rules():
+    def fake(pipeline, peak, size, met=True):
+        c = _fake(pipeline, 1.0, size, met=met, used=0.0 if pipeline == "fuse" else 0.5)
+        c.timing, c.memory = None, {"peak_mb": peak}
+        return c
+
+    fuse, int8, dyn, fp16 = fake("fuse", 20.0, 100), fake("fuse,int8", 12.0, 30), fake("fuse,dynamic", 8.0, 25,
+                                                                                        met=False), fake("fuse,fp16", 12.2, 20)
+    assert choose([fuse, int8, dyn, fp16], "memory") is fp16  # dynamic misses; fp16 within 3 % and smaller
+    assert choose([fuse, fake("fuse,int8", 20.4, 30)], "memory") is fuse  # within 3 % but above fuse's peak
+    assert pareto_front([fuse, int8, fp16]) == ["fuse", "fuse,int8", "fuse,fp16"]
+    assert pareto_front([fuse, int8, fake("fuse,fp16", 12.5, 40)]) == ["fuse", "fuse,int8"]
