@@ -23,6 +23,7 @@ examples:
   python -m onnxslim_kit plan model.onnx --calib samples/ -o model.plan.onnx --recipe recipe.json
   python -m onnxslim_kit plan model.onnx --calib c.npz --eval e.npz --target top1:0.99 --timing-cache t.json -o out.onnx
   python -m onnxslim_kit plan model.onnx --calib c.npz --goal memory --html plan.html -o out.onnx
+  python -m onnxslim_kit plan model.onnx --calib c.npz --executor ray --ray-address head:6379 -o out.onnx
   python -m onnxslim_kit model.onnx --recipe recipe.json -o again.onnx     # replay the choice, no timing
 
 exit codes: 0 ok, 1 internal error, 2 bad input or option, 130 interrupted (nothing written)
@@ -51,6 +52,7 @@ def _threads(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from ..plan import GOALS
+    from ..plan.executor import EXECUTORS
 
     parser = OneLineParser(
         prog="onnxslim-kit plan", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -85,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-samples", type=positive_int, default=8,
                         help="random samples to generate when --calib is not given (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed for generated data and random choices")
+    parser.add_argument("--pipelines", metavar="P;P…",
+                        help="the candidates to try, ';' between pipelines, e.g. 'fuse;fuse,int8;fuse,fp16' "
+                             "(fuse is always tried first; default: the goal's pipelines above)")
+    parser.add_argument("--executor", default="local", choices=EXECUTORS,
+                        help="where the optimize runs go: this process one after the other (local, the "
+                             "default) or Ray tasks in parallel (ray; pip install onnxslim_kit[ray]); "
+                             "timings are one benchmark on this machine either way")
+    parser.add_argument("--ray-address", metavar="HOST:PORT",
+                        help="with --executor ray: an existing cluster (ray start --head; HOST:6379); "
+                             "default: start a local one on this machine's CPUs")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     return parser
@@ -125,6 +137,15 @@ def _checked(args) -> tuple:
     return model, output, providers[0]
 
 
+def _executor(args) -> tuple:
+    """``(pipelines, executor)``, checked before any work (without Ray: one line, exit 2)."""
+    from ..plan.candidates import checked_pipelines
+    from ..plan.executor import make_executor
+
+    pipelines = checked_pipelines(args.pipelines, args.goal) if args.pipelines is not None else None
+    return pipelines, make_executor(args.executor, args.ray_address)
+
+
 def _recipe_json(result, output: Path, argv: list) -> str:
     report = result.chosen.report
     report.output_path = str(output)
@@ -153,12 +174,13 @@ def main(argv: list, program: bool = False) -> int:
 
     args = build_parser().parse_args(argv)
     model, output, provider = _checked(args)
+    pipelines, executor = _executor(args)
     cache = TimingCache(args.timing_cache)
     result = plan(model, calib=args.calib, eval_data=args.eval, target=args.target, goal=args.goal,
                   provider=provider, threads=args.threads, timing_cache=cache, budget_s=args.budget_s,
                   runs=args.runs, warmup=args.warmup, input_shapes=parse_input_shapes(args.input_shape),
                   num_samples=args.num_samples, seed=args.seed, progress=progress_bar(args.quiet),
-                  profile=bool(args.html))
+                  profile=bool(args.html), pipelines=pipelines, executor=executor)
     texts = {args.recipe: lambda: _recipe_json(result, output, argv), args.report: lambda: to_json(result),
              args.timing_cache: cache.to_json, args.html: lambda: _html(result, model)}
     staged = stage_proto(result.chosen.proto, output)

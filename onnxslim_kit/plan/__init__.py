@@ -19,6 +19,12 @@ Steps and their bounds:
    (:mod:`.memory`), through the same cache;
 6. ``profile=True`` (``--html``): the original and the chosen model are profiled by ORT
    (:mod:`.profile`, latency by op type), through the same cache.
+
+Where the optimize runs and the one benchmark run is the executor's business (:mod:`.executor`:
+this process, or Ray tasks, :mod:`.ray_executor`); duplicates, cache look-ups and the choice are
+made here, after every optimize run has finished, in the order of the pipelines, so both
+executors choose the same candidate from the same cache. ``pipelines``: a subset to try
+(:func:`.candidates.checked_pipelines`; ``fuse`` always first).
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from dataclasses import dataclass, field
 
 from . import memory
 from . import profile as op_profile
-from .candidates import GOALS, Candidate, pipelines_for, run_candidate
+from .candidates import GOALS, Candidate, checked_pipelines
 from .choose import choose, pareto_front
+from .local import LocalExecutor
 from .timing_cache import TimingCache, machine_fields
 
 __all__ = ["plan", "PlanResult", "GOALS"]
@@ -48,36 +55,22 @@ class PlanResult:
     reference: dict = field(default_factory=dict)  # the original's size and median latency (or peak)
     measured: int = 0  # goal memory: peaks measured in this run (0: all from the cache)
     profiles: dict = field(default_factory=dict)  # profile=True: {"original", "chosen"} latency by op
+    executor: dict = field(default_factory=dict)  # where it ran: {"name"} (ray: its address and tasks)
 
 
-def _run_all(model, pipelines, settings, budget_s, progress, optimize, log) -> tuple:
-    start, candidates, stopped = time.perf_counter(), [], False
+def _mark_duplicates(candidates: list) -> None:
+    """``same_as``: the first earlier candidate with the same bytes (in the order tried)."""
     seen = {}
-    bar = progress(pipelines, desc="plan", total=len(pipelines)) if progress else pipelines
-    for pipeline in bar:
-        if pipeline != "fuse" and budget_s is not None and time.perf_counter() - start > budget_s:
-            stopped = True
-            candidates.append(Candidate(pipeline, skipped=f"time budget of {budget_s:g} s spent"))
-            continue
-        candidate = run_candidate(model, pipeline, settings, optimize)
+    for candidate in candidates:
         if candidate.sha256 in seen:
             candidate.same_as = seen[candidate.sha256]
         elif candidate.sha256:
-            seen[candidate.sha256] = pipeline
-        candidates.append(candidate)
-        state = candidate.error or ("met" if candidate.met else "MISSED") + f", {candidate.binding}"
-        log(f"plan: {pipeline}: {state}")
-        if hasattr(bar, "set_postfix_str"):
-            met = [c for c in candidates if c.usable]
-            smallest = min(met, key=lambda c: c.size_bytes).pipeline if met else "-"
-            bar.set_postfix_str(f"{len(met)} met, smallest {smallest}")
-    return candidates, stopped
+            seen[candidate.sha256] = candidate.pipeline
 
 
-def _time(model, candidates, samples, machine, cache, reference_sha, timing) -> tuple:
-    """Timings from the cache, else one interleaved benchmark of the original and the rest."""
-    from .. import bench
-
+def _time(model, candidates, samples, machine, cache, reference_sha, timing, executor) -> tuple:
+    """Timings from the cache, else one interleaved benchmark of the original and the rest
+    (``executor.bench``: one benchmark, never two at a time)."""
     unique = [c for c in candidates if c.usable and c.same_as is None]
     missing = []
     for c in unique:
@@ -88,11 +81,8 @@ def _time(model, candidates, samples, machine, cache, reference_sha, timing) -> 
             missing.append(c)
     reference = {}
     if missing:
-        result = bench.benchmark([model] + [c.proto for c in missing], samples,
-                                 names=["original"] + [c.pipeline for c in missing],
-                                 providers=[machine["provider"]], threads=[machine["threads"]],
-                                 memory=False, **timing)
-        rows = result.rows
+        rows = executor.bench(model, [c.proto for c in missing], [c.pipeline for c in missing], samples,
+                              machine, timing)
         reference["median_ms"] = (rows[0].get("latency_ms") or {}).get("median")
         for c, row in zip(missing, rows[1:]):
             if row.get("error") or row.get("latency_ratio_vs_first") is None:
@@ -109,15 +99,31 @@ def _time(model, candidates, samples, machine, cache, reference_sha, timing) -> 
     return len(missing), reference
 
 
+def _measure(model, candidates, goal, samples, machine, cache, runs, warmup, progress, executor) -> tuple:
+    """``(timed, measured, reference)``: goal latency times, goal memory measures peaks."""
+    from ..recipe import file_sha256
+
+    if goal == "latency":
+        timed, reference = _time(model, candidates, samples, machine, cache, file_sha256(model),
+                                 {"runs": runs, "warmup": warmup, "progress": progress}, executor)
+        return timed, 0, reference
+    if goal == "memory":
+        measured, peak = memory.measure(model, candidates, samples, machine, cache, file_sha256(model), runs)
+        return 0, measured, {"peak_mb": peak["peak_mb"]}
+    return 0, 0, {}
+
+
 def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency", provider: str = "cpu",
          threads: int = 1, timing_cache: TimingCache | None = None, budget_s: float | None = None,
          runs: int = 50, warmup: int = 5, input_shapes: dict | None = None, num_samples: int = 8,
-         seed: int = 0, progress=None, log=None, profile: bool = False) -> PlanResult:
+         seed: int = 0, progress=None, log=None, profile: bool = False, pipelines=None,
+         executor=None) -> PlanResult:
     """Plan ``model`` (a path): see the module docstring. ``timing_cache``: read and extended
-    (an in-memory one when None)."""
+    (an in-memory one when None). ``pipelines``: the candidates to try (default: the goal's, see
+    :mod:`.candidates`; ``fuse`` is tried first in any case). ``executor``: where the work runs
+    (:mod:`.executor`; default this process)."""
     import logging
 
-    from .. import optimize
     from ..bench import resolve_provider, short_name
     from ..calibration import CalibrationFeed, input_specs
     from ..errors import UserError
@@ -126,6 +132,7 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
 
     if goal not in GOALS:
         raise UserError(f"goal {goal!r}: one of {', '.join(GOALS)}")
+    pipelines = checked_pipelines(pipelines, goal)
     start = time.perf_counter()
     log = log or logging.getLogger("onnxslim_kit").info
     full_provider = resolve_provider(provider)
@@ -133,30 +140,29 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
                 "num_samples": num_samples, "seed": seed}
     if progress is not None:
         settings["progress"] = progress
-    candidates, stopped = _run_all(model, pipelines_for(goal), settings, budget_s, progress, optimize, log)
     cache = timing_cache if timing_cache is not None else TimingCache()
-    timed, measured, reference, profiles = 0, 0, {}, {}
     machine = machine_fields(full_provider, threads)
-    samples = []
-    if goal != "size" or profile:
-        feed = CalibrationFeed(input_specs(load_proto(model)), eval_data if eval_data is not None else calib,
-                               input_shapes, num_samples=num_samples, seed=seed)
-        samples = list(feed)
-    if goal == "latency":
-        timed, reference = _time(model, candidates, samples, machine, cache, file_sha256(model),
-                                 {"runs": runs, "warmup": warmup, "progress": progress})
-    elif goal == "memory":
-        measured, peak = memory.measure(model, candidates, samples, machine, cache, file_sha256(model), runs)
-        reference = {"peak_mb": peak["peak_mb"]}
+    executor = executor if executor is not None else LocalExecutor()
+    with executor:
+        candidates, stopped = executor.candidates(model, pipelines, settings, budget_s, progress, log)
+        _mark_duplicates(candidates)
+        samples = []
+        if goal != "size" or profile:
+            feed = CalibrationFeed(input_specs(load_proto(model)), eval_data if eval_data is not None else calib,
+                                   input_shapes, num_samples=num_samples, seed=seed)
+            samples = list(feed)
+        timed, measured, reference = _measure(model, candidates, goal, samples, machine, cache, runs, warmup,
+                                              progress, executor)
     chosen = choose(candidates, goal)
+    profiles = {}
     if profile:
         profiles = {"original": op_profile.cached_latency(model, file_sha256(model), samples, machine, cache),
                     "chosen": op_profile.cached_latency(chosen.proto, chosen.sha256, samples, machine, cache)}
     first = candidates[0].report
     plan_settings = {"goal": goal, "target": first.target, "provider": short_name(full_provider),
                      "threads": int(threads), "runs": runs, "warmup": warmup, "budget_s": budget_s,
-                     "machine": machine, "pipelines": list(pipelines_for(goal)), "seed": seed}
+                     "machine": machine, "pipelines": list(pipelines), "seed": seed}
     return PlanResult(candidates, chosen, pareto_front(candidates), plan_settings, timed=timed,
                       cache_hits=cache.hits, seconds=time.perf_counter() - start, budget_stopped=stopped,
                       reference={"size_bytes": first.before.get("bytes"), **reference}, measured=measured,
-                      profiles=profiles)
+                      profiles=profiles, executor=executor.describe())

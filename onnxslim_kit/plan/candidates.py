@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import SlimError
+from ..errors import SlimError, UserError
 from .timing_cache import sha256_bytes
 
 LATENCY_PIPELINES = ("fuse", "fuse,int8", "fuse,dynamic", "fuse,fp16", "fuse,prune", "fuse,prune,int8")
@@ -29,6 +29,40 @@ GOALS = ("latency", "size", "memory")
 
 def pipelines_for(goal: str) -> tuple:
     return SIZE_PIPELINES if goal == "size" else LATENCY_PIPELINES
+
+
+def _split_pipelines(text: str) -> list:
+    """``text`` split at the ``;`` outside parentheses (a selector option may hold ``;``)."""
+    pieces, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == ";" and depth == 0:
+            pieces.append(text[start:i])
+            start = i + 1
+    return pieces + [text[start:]]
+
+
+def checked_pipelines(pipelines, goal: str) -> tuple:
+    """The pipelines to try: the goal's when ``pipelines`` is None, else the given ones (a list, or
+    one text with ``;`` between pipelines, outside parentheses) with ``fuse`` first (added when not named); each is
+    parsed and its passes and options resolved here, so a typo is a one-line error before any work."""
+    from ..pipeline import parse_pass_list, resolve
+
+    if pipelines is None:
+        return pipelines_for(goal)
+    given = _split_pipelines(pipelines) if isinstance(pipelines, str) else list(pipelines)
+    given = [str(p).strip() for p in given if str(p).strip()]
+    if not given:
+        raise UserError("--pipelines: no pipeline given (e.g. 'fuse;fuse,int8')")
+    for pipeline in given:
+        try:
+            resolve(parse_pass_list(pipeline))
+        except UserError as exc:
+            raise UserError(f"--pipelines {pipeline!r}: {exc}") from None
+    twice = sorted({p for p in given if given.count(p) > 1})
+    if twice:
+        raise UserError(f"--pipelines: {twice[0]!r} is named twice")
+    return ("fuse",) + tuple(p for p in given if p != "fuse")
 
 
 @dataclass
@@ -89,7 +123,12 @@ def run_candidate(model_path, pipeline: str, settings: dict, optimize) -> Candid
         candidate.seconds = time.perf_counter() - start
         return candidate
     candidate.seconds = time.perf_counter() - start
-    data = proto.SerializeToString()
+    return finish(candidate, proto, report, proto.SerializeToString())
+
+
+def finish(candidate: Candidate, proto, report, data: bytes) -> Candidate:
+    """``candidate`` with its optimize result: ``proto``, its ``report`` and ``data`` (the
+    proto's serialized bytes, which its sha256 and size are of)."""
     candidate.proto, candidate.report = proto, report
     candidate.sha256, candidate.size_bytes = sha256_bytes(data), len(data)
     candidate.met, candidate.used, candidate.binding = fidelity_of(report)

@@ -6,7 +6,7 @@ per-round ratios, [P10–P90] spread; ``cached`` when from the timing cache), it
 choice (``◀ chosen``; ``front`` marks the Pareto front). Under goal memory the latency column
 is the session's peak memory instead (MB, ``cached`` when from the cache). JSON: the settings, every candidate
 (:meth:`.candidates.Candidate.to_dict`), the front, the chosen pipeline, what was timed, and
-the planning time, and (``--html``) the op profiles of the original and the chosen model.
+the planning time, where it ran (``executor``: ``ray``'s tasks, :mod:`.ray_executor`), and (``--html``) the op profiles of the original and the chosen model.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def table(result) -> str:
         s["goal"], f"{result.timed} timed, {result.cache_hits} from the timing cache")
     lines.append(f"goal {s['goal']}, target {s['target']}, {s['provider']} ×{s['threads']} threads; "
                  f"{timing}; planned in {result.seconds:.1f} s"
+                 + (f" on Ray ({result.executor.get('address')})" if result.executor.get("name") == "ray" else "")
                  + ("; time budget spent, later pipelines skipped" if result.budget_stopped else ""))
     return "\n".join(lines)
 
@@ -84,7 +85,7 @@ def to_dict(result) -> dict:
             "candidates": [c.to_dict() for c in result.candidates], "reference": result.reference,
             "timed": result.timed, "measured": result.measured, "profiles": result.profiles,
             "cache_hits": result.cache_hits, "seconds": round(result.seconds, 3),
-            "budget_stopped": result.budget_stopped}
+            "budget_stopped": result.budget_stopped, "executor": result.executor}
 
 
 def to_json(result) -> str:
