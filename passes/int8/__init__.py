@@ -51,10 +51,17 @@ Steps:
    ``weights`` (0.30×), held-out worst cosine 0.9949 → 0.9935, latency not worse. The
    report: ``target``, ``budget_used`` / ``budget_allowed`` (fractions of the target's loss
    budget) and a note naming the binding view and the judged samples;
-9. with ``speed_check`` (opt-in: a timing-based decision would make the output depend on
-   the machine's load, and deployment builds need the same output for the same input): the
-   int8 candidate is timed against float in ORT; not faster by ``speed_margin`` → the model
-   stays float, with a note (:mod:`onnxslim_kit.passes.int8.speed`);
+9. ``speed`` — never slower than float (opt-in; the default ``off`` keeps the output independent
+   of the machine's timings — ``plan`` is where timing decides): ``layers`` (decided before step 8, whose
+   search then holds these layers float): each layer kind's int8 kernel is timed against its
+   float op in one-node ORT models and the layers slower than ``speed_margin`` × float stay
+   float, with the measured ratio as the reason; timings go to a timing cache keyed by the
+   layer kind, ORT version, CPU model and threads, so that a machine and its cache give
+   byte-identical output (:mod:`onnxslim_kit.passes.int8.layer_speed`: the decision is
+   machine-dependent, the note says so); then, as with ``model``, the whole int8 candidate is
+   timed against float (cached by the two models' sha256), slower → the model stays float
+   (:mod:`onnxslim_kit.passes.int8.speed`); ``off``: neither.
+   ``speed_check=true|false`` is the older spelling of ``model`` / ``off``;
 10. Q/DQ written for the chosen layers; hard-swish / HardSigmoid between Q points rewritten
     into ``Add → Q → DQ → Mul`` (ORT has no QLinear kernel for them; it runs this as
     QLinearAdd + QLinearMul), squeeze-excite pools quantized on their input
@@ -106,7 +113,7 @@ from onnxslim_kit.passes._quant.qdq import (
     rungs_of,
     upgrade_opset,
 )
-from onnxslim_kit.passes.int8.speed import latency_ratio
+from onnxslim_kit.passes.int8.layer_speed import default_cache_path, model_ratio, slow_layers
 
 KEEP_BYTES = 256 << 20  # smoothable activations kept for their smoothed statistics, at most
 
@@ -191,10 +198,15 @@ class Int8Pass(Pass):
                          parse=check_ladder),
         "io": Option(str, "float", "model inputs/outputs: float, or uint8 / int8 (full-integer, encodings in "
                      "the model's metadata)", ("float", "uint8", "int8")),
-        "speed_check": Option(bool, False, "time float vs int8 in ORT (optimizations on, 1 thread) and keep "
-                              "the model float when int8 is not faster (the output then depends on "
-                              "timing: off by default so runs are deterministic)"),
-        "speed_margin": Option(float, 0.9, "speed_check: keep int8 only when its latency ≤ this × float's"),
+        "speed": Option(str, "off", "int8 only where it pays: layers (each layer kind's int8 kernel timed "
+                        "against its float op once per machine, through the timing cache; slower → float; then the "
+                        "model check), model (the whole int8 candidate timed against float: slower → all float), "
+                        "off (the default: the output does not depend on the machine's timings)",
+                        ("layers", "model", "off")),
+        "speed_check": Option(bool, None, "older spelling: true = speed=model, false = speed=off"),
+        "speed_margin": Option(float, 1.0, "speed: keep int8 only where its latency ≤ this × float's"),
+        "timing_cache": Option(str, "", "speed: the timing cache file (default "
+                               "$ONNXSLIM_KIT_CACHE/timings.json, else ~/.cache/onnxslim_kit/timings.json)"),
         "include": Option(str, "", f"only these layers (a selector: {SYNTAX}, first/last counting layers)", parse=Selector.parse),
         "exclude": Option(str, "", "keep these layers float (a selector, as include; e.g. last:Conv:1, all); "
                           "the global --exclude too", parse=Selector.parse),
@@ -267,6 +279,11 @@ class Int8Pass(Pass):
             result.metrics["bias_corrected"] = len(plan.bias_shift)
             result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
         fixed = self._grouped(model, plan, opts["grouped"], result)
+        speed = opts["speed"] if opts["speed_check"] is None else ("model" if opts["speed_check"] else "off")
+        result.metrics["speed"] = speed
+        if speed == "layers":  # before the fallback: it searches with these layers float
+            fixed.update(slow_layers(model, plan, {s.name for s in plan.layers} - set(fixed),
+                                     ctx.feed.take(1)[0], opts, result))
         enabled = {spec.name for spec in plan.layers} - set(fixed)
         rungs = self._rungs(plan, ladder)
         result.metrics["target"] = str(fid.target)
@@ -277,7 +294,7 @@ class Int8Pass(Pass):
         else:
             rungs = {}
         rungs.update({name: rung for name, rung in fixed.items() if rung in RUNGS})
-        if opts["speed_check"] and enabled and not self._pays_off(model, plan, enabled, rungs, ctx, result):
+        if speed != "off" and enabled and not self._pays_off(model, plan, enabled, rungs, ctx, result):
             return result
         apply_plan(model, plan, enabled, result, rungs)
         if opts["io"] != "float" and enabled:
@@ -433,7 +450,8 @@ class Int8Pass(Pass):
         trial = trial_copy(model)
         apply_plan(trial, plan, enabled, fallback=rungs)
         trial.commit()
-        ratio, spread, rounds = latency_ratio(trial.to_proto(), model.to_proto(), ctx.feed.take(1)[0])
+        ratio, spread, rounds = model_ratio(trial.to_proto(), model.to_proto(), ctx.feed.take(1)[0],
+                                            ctx.options["timing_cache"] or default_cache_path())
         result.metrics["speed_ratio"] = round(ratio, 3)
         result.metrics["speed_rounds"] = rounds
         if ratio <= ctx.options["speed_margin"]:
@@ -441,7 +459,7 @@ class Int8Pass(Pass):
         result.skip(f"int8 not faster than float here ({ratio:.2f}× its latency): kept float", len(enabled))
         result.notes.append(f"int8 would be {ratio:.2f}× the float latency here (ORT, optimizations on, 1 thread, "
                             f"{rounds} interleaved rounds, spread {spread[0]:.2f}–{spread[1]:.2f}): kept float; "
-                            "pass speed_check=false to force")
+                            "pass speed=off to force")
         result.metrics["layers_int8"] = 0
         result.metrics["layers_float"] = len(plan.layers)
         return False

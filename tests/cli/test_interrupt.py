@@ -120,7 +120,7 @@ def test_interrupt_after_start(delay, work, tmp_path):
     code, out, err = _interrupt(proc, ready, delay=delay)
     assert "Traceback" not in err, err
     if code == 0:
-        assert out.strip().endswith(f"wrote {work / 'out.onnx'}") and err == "", err
+        assert out == "" and err == "", (out, err)  # it finished first; -q prints nothing
         onnx.checker.check_model(onnx.load(work / "out.onnx"), full_check=True)
         assert (work / "m.onnx").read_bytes() == before["m.onnx"]
         assert sorted(tree(work)) == sorted(before)

@@ -697,7 +697,7 @@ def test_speed_check_keeps_float_when_int8_is_not_faster(margin, kept_float):
     if kept_float:
         assert "QuantizeLinear" not in ops(out) and ops(out) == ops(model)
         assert rep.metrics["layers_int8"] == 0 and rep.metrics["layers_float"] == 3
-        assert any("kept float; pass speed_check=false to force" in n for n in rep.notes)
+        assert any("kept float; pass speed=off to force" in n for n in rep.notes)
         assert not rep.modified  # nothing to verify: the graph is the original
     else:
         assert ops(out)["QuantizeLinear"] == 3 and rep.metrics["layers_int8"] == 3
