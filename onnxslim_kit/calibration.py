@@ -233,6 +233,16 @@ def parse_input_shapes(items: Iterable[str]) -> dict:
     return shapes
 
 
+def take(samples, n: int) -> list:
+    """The first ``n`` samples of a re-iterable feed (no more are read)."""
+    out = []
+    for sample in samples:
+        if len(out) >= n:
+            break
+        out.append(sample)
+    return out
+
+
 class CalibrationFeed:
     """Re-iterable samples (``dict`` of input name → array)."""
 
@@ -280,12 +290,7 @@ class CalibrationFeed:
         return iter(self._factory())
 
     def take(self, n: int) -> list:
-        out = []
-        for sample in self:
-            if len(out) >= n:
-                break
-            out.append(sample)
-        return out
+        return take(self, n)
 
     def count(self) -> int:
         """Number of samples (iterates once; not ``__len__``, which ``list()`` would call)."""

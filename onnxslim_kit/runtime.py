@@ -398,3 +398,18 @@ def run(session: ort.InferenceSession, sample: dict) -> dict:
         if name in values:
             values[name] = ((values[name].astype(np.float32) - np.float32(zero)) * np.float32(scale))
     return values
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what :mod:`platform` says: part of every timing
+    cache key (the plan's and int8's layer timings)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"

@@ -40,12 +40,9 @@ class FeedPart:
         return (sample for i, sample in enumerate(self._feed) if self._keep(i))
 
     def take(self, n: int) -> list:
-        out = []
-        for sample in self:
-            if len(out) >= n:
-                break
-            out.append(sample)
-        return out
+        from ..calibration import take
+
+        return take(self, n)
 
     def count(self) -> int:
         return sum(1 for _ in self)

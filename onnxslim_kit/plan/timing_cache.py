@@ -24,28 +24,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from pathlib import Path
 
 from ..errors import UserError
+from ..runtime import cpu_model  # noqa: F401 - re-exported: part of every key
 
 FORMAT = 1
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what :mod:`platform` says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, sep, value = line.partition(":")
-            if sep and key.strip() == "model name" and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def machine_fields(provider: str, threads: int) -> dict:

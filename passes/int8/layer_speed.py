@@ -55,7 +55,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -66,6 +65,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.passes._common.graph import attr, const_value, consumers
+from onnxslim_kit.runtime import cpu_model
 
 KEY_PREFIX = "int8-layer"
 FORMAT = 1  # the plan's timing cache format: {"format": 1, "entries": {key: entry}}
@@ -85,19 +85,6 @@ def machine() -> dict:
     import onnxruntime
 
     return {"provider": PROVIDER, "threads": THREADS, "onnxruntime": onnxruntime.__version__, "cpu": cpu_model()}
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what :mod:`platform` says (as
-    :func:`onnxslim_kit.plan.timing_cache.cpu_model`, not imported: a pass does not load the planner)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, sep, value = line.partition(":")
-            if sep and key.strip() == "model name" and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def layer_key(fields: dict, where: dict) -> str:
