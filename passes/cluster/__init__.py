@@ -26,6 +26,11 @@ stream per graph, one GatherElements / Reshape / Mul / Split per group
 decoder at session creation with optimisations on, so the model runs on plain float weights
 (same latency as unclustered; the folding adds to the session creation time).
 
+Large models: a layer's GPTQ factor is computed once for all its levels, the Gram matrices are
+held a group of layers at a time (:mod:`onnxslim_kit.passes.cluster.grams`), GPTQ applies its
+updates a block of columns at a time (:mod:`.maths.gptq`), and labels are held in one byte
+(:class:`.maths.encode.Clustered`).
+
 Assignment: nearest centroid; or, with calibration data (``data=auto`` and ``--calib`` given,
 or ``data=true``), GPTQ (:mod:`onnxslim_kit.passes.cluster.maths.gptq`) for MatMul / Gemm / Conv (group 1) weights:
 the codebook and scales stay the k-means ones, the labels are chosen column by column so that
@@ -118,12 +123,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.api import Option, Pass, PassResult, exclusions, pass_fidelity, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, exclusions, model_size_bytes, pass_fidelity, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes.cluster import stream
 from onnxslim_kit.passes.cluster.maths.encode import Clustered, snap_to_int8_grid
-from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer
+from onnxslim_kit.passes.cluster.grams import chunks
+from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer, gptq_factor
 from onnxslim_kit.passes.cluster.maths.kmeans import cluster_weight
 from onnxslim_kit.passes.cluster.maths.rows import row_codebooks
 from onnxslim_kit.passes.cluster.select import FLOAT, ROWS, choose, parse_target
@@ -137,7 +143,7 @@ from onnxslim_kit.passes.cluster.maths.share import (
     stack_key,
 )
 from onnxslim_kit.passes._common.graph import const_value, exclusive_constant, is_onnx_op
-from onnxslim_kit.passes._common.layer_stats import collect, match_layer
+from onnxslim_kit.passes._common.layer_stats import match_layer
 from onnxslim_kit.passes._common.match import NOT_CONCERNED
 
 # op -> input positions that may hold a weight
@@ -149,9 +155,11 @@ MAX_NOTE_LAYERS = 40
 
 
 def model_bytes(model) -> tuple:
-    """(raw, zlib-compressed) size of the serialized model."""
-    blob = model.to_proto().SerializeToString()
-    return len(blob), len(zlib.compress(blob, 6))
+    """(raw, zlib-compressed) size of the serialized model; the raw size counts weights left in
+    external data files too (``model_size_bytes``), the compressed one the serialized part only."""
+    proto = model.to_proto()
+    blob = proto.SerializeToString()
+    return max(len(blob), model_size_bytes(proto)), len(zlib.compress(blob, 6))
 
 
 def channel_axis(node, index: int, ndim: int) -> int:
@@ -253,12 +261,12 @@ class ClusterPass(Pass):
         if not items:
             return result
         data = _data(ctx)
-        layers, stats = self._statistics(model, data.samples, items) if data.aware else ({}, {})
+        layers = self._layers(model, items) if data.aware and data.samples else {}
         fid = _fidelity(ctx)
         sizes = [k, k_high] if fid and k_high > k else [k]
         if fid and opts["rows"] and not opts["per_channel"]:
             sizes.insert(1, ROWS)
-        gptq = self._cluster_all(items, sizes, opts, layers, stats, ctx)
+        gptq = self._cluster_all(items, sizes, opts, (layers, model.to_proto() if layers else None, data.samples), ctx)
         chosen, verdict, trials = [k] * len(items), None, None
         if fid:
             chosen, verdict, trials = self._choose(model, items, ctx.feed.take(RANK_SAMPLES), fid, sizes)
@@ -300,8 +308,44 @@ class ClusterPass(Pass):
         return items
 
     @staticmethod
-    def _cluster_all(items: list, sizes: list, opts, layers, stats, ctx) -> int:
-        """Fill ``item.levels[level]`` for every level; returns how many clusterings GPTQ assigned."""
+    def _cluster_all(items: list, sizes: list, opts, data: tuple, ctx) -> int:
+        """Fill ``item.levels[level]`` for every level; returns how many clusterings GPTQ assigned.
+
+        ``data``: ``(layers by id(node), proto, fit samples)``. Item by item, every level at once:
+        a layer's Gram matrix and GPTQ factor serve all its levels, and the Gram matrices are
+        held a group of layers at a time (:mod:`onnxslim_kit.passes.cluster.grams`)."""
+        layers, proto, samples = data
+        books = ClusterPass._books(items, sizes, opts)
+        bar = iter(ctx.progress(range(len(items)), desc="cluster", total=len(items)))
+        gptq = 0
+
+        def fill(item, layer=None, entry=None) -> int:
+            next(bar, None)
+            usable = layer is not None and entry is not None and entry.gram_rows > 0
+            factor = [None]  # computed on first use: exact weights never need it
+            used = 0
+            for level in sizes:
+                item.levels[level], one = ClusterPass._cluster(item, level, books.get(level, {}), opts,
+                                                               layer if usable else None, entry, factor)
+                used += one
+            return used
+
+        by_node = {key: layer for key, layer in layers.items()}
+        for item in items:
+            if id(item.node) not in by_node or item.index != 1:
+                gptq += fill(item)
+        order = [layer for layer in by_node.values()]
+        for group, grams in (chunks(proto, order, samples) if order else ()):
+            members = {layer.key: layer for layer in group}
+            for item in items:
+                if item.index == 1 and id(item.node) in members:
+                    gptq += fill(item, members[id(item.node)], grams[id(item.node)])
+            del grams
+        return gptq
+
+    @staticmethod
+    def _books(items: list, sizes: list, opts) -> dict:
+        """``{level: {stack key: shared codebook}}`` (row scales set on the items)."""
         scaled = opts["channel_scale"] and not opts["per_channel"]
         groups = {}
         for item in items:
@@ -309,43 +353,45 @@ class ClusterPass(Pass):
                 item.scales = row_scales(item.values, item.axis)
                 item.share = stack_key(item.graph, item.values, item.axis, item)
                 groups.setdefault(item.share, []).append(item)
-        gptq = 0
+        books = {}
         for level in sizes:
-            books = {}
+            books[level] = {}
             for key, members in (groups.items() if level is not ROWS else ()):
                 parts = [(m.values, m.scales, m.axis) for m in members if np.unique(m.values).size > level]
                 if parts:  # assigned against the stored (rounded) centroids: decoding is exact
-                    books[key] = half_codebook(shared_codebook(parts, level, opts["keep_zero"]), stream.NODE_BYTES)
-            for item in ctx.progress(items, desc=f"cluster {_level_name(level, opts['k'])}", total=len(items)):
-                item.levels[level], used = ClusterPass._cluster(item, level, books, opts, layers, stats)
-                gptq += used
-        return gptq
+                    books[level][key] = half_codebook(shared_codebook(parts, level, opts["keep_zero"]),
+                                                      stream.NODE_BYTES)
+        return books
 
     @staticmethod
-    def _cluster(item: Item, level, books: dict, opts, layers, stats) -> tuple:
+    def _cluster(item: Item, level, books: dict, opts, layer, entry, factor: list) -> tuple:
         """``(Clustered, 1 if GPTQ assigned it else 0)``: a shared codebook (``books`` by stack
         key) and the item's row scales, a codebook per row (``per_channel`` or the ``ROWS``
-        level), or a codebook of its own (exact limit, 1-D weights)."""
+        level), or a codebook of its own (exact limit, 1-D weights). GPTQ when ``layer`` (with
+        its Gram matrix ``entry``) is given; ``factor``: a one-element list caching the layer's
+        :func:`.maths.gptq.gptq_factor` across levels."""
         values = item.values
         k = opts["k"] if level is ROWS else level
         per_row = (opts["per_channel"] or level is ROWS) and values.ndim >= 2
-        layer = layers.get(id(item.node)) if item.index == 1 else None
-        entry = stats.get(id(item.node))
-        gptq = layer is not None and entry.gram_rows > 0
+        gptq = layer is not None
+
+        def assign(codebook, scales, per_input=False):
+            if factor[0] is None:
+                factor[0] = gptq_factor(entry.normalized_gram)
+            return cluster_layer(layer, None, codebook, scales, opts["keep_zero"], per_input, factor[0])
         exact = np.unique(values).size <= k
         if per_row:
             axis = book_axis(item.node, item.index, values, item.axis)
             codebook, labels, exact_rows = row_codebooks(values, axis, k, opts["keep_zero"])
             gptq = gptq and not exact_rows
             if gptq:
-                labels = cluster_layer(layer, entry.normalized_gram, codebook, None, opts["keep_zero"],
-                                       per_input=axis != item.axis)
+                labels = assign(codebook, None, per_input=axis != item.axis)
             clustered = Clustered(codebook, labels, None, True, axis,
                                   dtype=values.dtype if codebook.dtype != values.dtype else None)
         elif item.share is not None and not exact:
             codebook = books[item.share]
             if gptq:
-                labels = cluster_layer(layer, entry.normalized_gram, codebook, item.scales, opts["keep_zero"])
+                labels = assign(codebook, item.scales)
             else:
                 labels = nearest_labels(values, item.scales, item.axis, codebook, opts["keep_zero"])
             scales = broadcast_scales(item.scales, values.ndim, item.axis)
@@ -356,7 +402,7 @@ class ClusterPass(Pass):
                                                       channel_scale=opts["channel_scale"], axis=item.axis)
             gptq = gptq and not exact and scales is None
             if gptq:
-                labels = cluster_layer(layer, entry.normalized_gram, codebook, None, opts["keep_zero"])
+                labels = assign(codebook, None)
             clustered = Clustered(codebook, labels, scales, False, item.axis)
         if opts["encode"] == "dense":
             dense = clustered.decoded()
@@ -384,17 +430,14 @@ class ClusterPass(Pass):
         return chosen, verdict, trials
 
     @staticmethod
-    def _statistics(model, samples, items) -> tuple:
-        """Layers (``Y = X W`` with W at input 1) and their input Gram matrices."""
+    def _layers(model, items) -> dict:
+        """Layers (``Y = X W`` with W at input 1) by ``id(node)``: the weights GPTQ can assign."""
         layers = {}
         for item in items:
             found = match_layer(item.node, item.graph, model.graph) if item.index == 1 else NOT_CONCERNED
             if found.ok and found.value.kind != "batched":
                 layers[id(item.node)] = found.value
-        if not layers or not samples:
-            return {}, {}
-        stats = collect(model.to_proto(), list(layers.values()), samples, want_gram=True)
-        return layers, stats
+        return layers
 
     @staticmethod
     def _check(node, index, opts) -> str | None:

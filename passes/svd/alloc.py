@@ -78,10 +78,8 @@ class Probe:
         proto.CopyFrom(self.proto)
         kept = []
         for init in proto.graph.initializer:
-            if init.name == as_input:
-                value = onnx.numpy_helper.to_array(init)
-                proto.graph.input.append(helper.make_tensor_value_info(
-                    init.name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+            if init.name == as_input:  # type and shape from the proto: its data may lie in a file
+                proto.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
                 continue
             if init.name in replace:
                 init.CopyFrom(onnx.numpy_helper.from_array(replace[init.name], init.name))
@@ -123,6 +121,7 @@ class Candidate:
     half_grams: tuple = ()  # the normalised Gram matrix of each half (alloc=spectrum)
     scale: float | None = None  # alloc=spectrum: measured loss per unit of layer error
     ranks: list = field(default_factory=list)  # the ranks it may take (faster than the layer)
+    error: np.ndarray | None = None  # alloc=spectrum: crossfit_error, computed while the halves exist
 
 
 def grid_ranks(k: int, n: int, breakeven: int, grid: tuple = GRID) -> list:
@@ -143,7 +142,7 @@ def crossfit_error(cand: Candidate) -> np.ndarray:
 def spectral(probe: Probe, cand: Candidate, ranks: list, flops_after, which: list) -> None:
     """Fill ``cand.options`` with ``s · ε(r)`` (see the module docstring); ``s`` from one trial of
     the full-data factors on the probe samples ``which``."""
-    error = crossfit_error(cand)
+    error = crossfit_error(cand) if cand.error is None else cand.error
     at = min(ranks, key=lambda r: abs((1 - flops_after(r) / cand.flops_before) - SCALE_AT))
     trial = weight_value(cand.layer, np.matmul(*cand.full.factors(at)))
     measured = probe.layer_losses(cand.layer, [(trial, which)])[0]

@@ -11,6 +11,8 @@ samples (the maths: :mod:`onnxslim_kit.passes.svd.alloc`).
 
 from __future__ import annotations
 
+import numpy as np
+
 from onnxslim_kit.api import PassResult
 
 from onnxslim_kit.passes.svd.alloc import (
@@ -28,14 +30,25 @@ from onnxslim_kit.passes.svd.maths.factor import Factorization, breakeven_rank
 from onnxslim_kit.passes.svd.plan import Plan, layer_name, node_attrs, weight_shape
 from onnxslim_kit.passes.svd.rewrite import apply
 from onnxslim_kit.passes.svd.speed import decide, flops
+from onnxslim_kit.passes.svd.stream import release
 
 
 def allocate(model, ctx, layers, stats, samples, fid, result: PassResult) -> tuple:
     """``(kept plans, verdict or None, notes)`` (:mod:`onnxslim_kit.passes.svd.alloc`);
-    ``samples``: the fit samples, ``fid``: the :class:`onnxslim_kit.fidelity.Fidelity` held."""
+    ``layers``: ``(group, statistics)`` pairs (:func:`.stream.groups`; a group's Gram matrices
+    are dropped once its candidates are built: a candidate keeps its full-data factors and, for
+    ``spectrum``, its cross-fitted error curve, not the statistics); ``stats``: every layer's
+    statistics once ``layers`` is consumed (row counts); ``samples``: the fit samples, ``fid``:
+    the :class:`onnxslim_kit.fidelity.Fidelity` held."""
     opts = ctx.options
     measured_grid = opts["alloc"] == "sensitivity"
-    cands, lines = _candidates(layers, stats, opts, {} if measured_grid else {"grid": FINE_GRID}, result)
+    cands, lines = [], []
+    for group, found in layers:  # groups of layers with their statistics (:func:`.stream.groups`)
+        more, notes = _candidates(group, found, opts, {} if measured_grid else {"grid": FINE_GRID}, result,
+                                  keep_halves=measured_grid)
+        cands += more
+        lines += notes
+        release(found)
     if not cands:
         return [], None, lines
     trials = samples[:2 * MAX_HALF_SAMPLES] if measured_grid else samples[:MAX_SCALE_SAMPLES]
@@ -53,7 +66,7 @@ def allocate(model, ctx, layers, stats, samples, fid, result: PassResult) -> tup
     return kept, verdict, lines
 
 
-def _candidates(layers: list, stats: dict, opts, grid: dict, result: PassResult) -> tuple:
+def _candidates(layers: list, stats: dict, opts, grid: dict, result: PassResult, keep_halves: bool = True) -> tuple:
     """``(candidates with their faster grid ranks, notes on the layers left out)``."""
     cands, lines = [], []
     for layer in layers:
@@ -65,9 +78,15 @@ def _candidates(layers: list, stats: dict, opts, grid: dict, result: PassResult)
             lines.append(f"{name}: kept (batched weight: not allocated; alloc=layer factorises it per head)")
             continue
         rows = entry.rows_per_sample
-        full = Factorization(layer.matrix, entry.normalized_gram, entry.gram_rows, entry.fourth)
-        cand = Candidate(layer, full, tuple(Factorization(layer.matrix, *h) for h in halves),
-                         flops(rows, layer.k, layer.n), half_grams=tuple(h[0] for h in halves))
+        # the full-data factors alone are kept (no Cholesky factor, no U): one k × k matrix
+        # less per candidate; the halves' factorisations only while their error curve is made
+        full = Factorization(layer.matrix, entry.normalized_gram, entry.gram_rows, entry.fourth).frozen()
+        if keep_halves:
+            cand = Candidate(layer, full, tuple(Factorization(layer.matrix, *h) for h in halves),
+                             flops(rows, layer.k, layer.n), half_grams=tuple(h[0] for h in halves))
+        else:
+            cand = Candidate(layer, full, (), flops(rows, layer.k, layer.n))
+        del halves
         w_shape, attrs = weight_shape(layer), node_attrs(layer)
         kind = "conv" if layer.kind == "conv" else "matmul"
         ranks = [r for r in grid_ranks(layer.k, layer.n, breakeven_rank(layer.k, layer.n), **grid)
@@ -79,8 +98,22 @@ def _candidates(layers: list, stats: dict, opts, grid: dict, result: PassResult)
                          "at rank 1 or the FLOPs saved are < 5 %)")
             continue
         cand.ranks = ranks
+        if not keep_halves:  # spectrum: the error curve is all it needs of the halves
+            cand.error = _crossfit_error(layer, entry)
         cands.append(cand)
     return cands, lines
+
+
+def _crossfit_error(layer, entry) -> np.ndarray:
+    """:func:`.alloc.crossfit_error` one half at a time: the factorisation of half ``i`` scored
+    on the Gram matrix of the other, then dropped (a 4096-input layer's factorisation holds a
+    134 MB Cholesky factor)."""
+    errors = []
+    for i in (0, 1):
+        fit = Factorization(layer.matrix, *entry.half(i))
+        errors.append(1.0 - np.clip(fit.heldout_cosine(layer.matrix, entry.half(1 - i)[0]), 0.0, 1.0) ** 2)
+        del fit
+    return np.mean(errors, axis=0)
 
 
 def _apply(model, cands: list, pick: dict, stats: dict, how: str, result: PassResult, lines: list) -> list:

@@ -62,6 +62,12 @@ class Clustered:
     share: tuple | None = None  # stack key when the codebook is shared (:mod:`onnxslim_kit.passes.cluster.maths.share`)
     dtype: np.dtype | None = None  # the weight's dtype when the codebook is stored narrower (float16)
 
+    def __post_init__(self):
+        # one byte a label (k ≤ 256), not the int64 of the assignment: every level of every
+        # weight is held until the selector has chosen (8× the weight's labels otherwise)
+        if self.labels.dtype != np.uint8 and self.codebook.shape[-1] <= 256:
+            self.labels = self.labels.astype(np.uint8)
+
     @property
     def k(self) -> int:
         return self.codebook.shape[-1]

@@ -20,6 +20,15 @@ shared by the weights of one layout: :mod:`onnxslim_kit.passes.cluster.maths.sha
 :mod:`onnxslim_kit.passes.cluster.maths.rows`, then ``q_i[r] = books[r, nearest(books[r], M[r, i])]``); only the
 assignment changes. Positions that were exactly zero stay
 zero (``keep_zero``: a pruned weight stays pruned; their error is still compensated).
+
+Lazy batch updates (GPTQ §3, "Step 2"): the update of column ``j`` is the sum over ``i < j``
+of ``e_i U[i, j]``, and column ``j`` is read only when its turn comes; so inside a block of
+``BLOCK`` columns the updates are applied one column at a time to the block alone, and the
+block's updates of every later column at once, ``M[:, end:] −= E U[block, end:]`` (one GEMM,
+``E``: the block's scaled errors). The same sums in another order (equal up to float64
+rounding); the plain loop rewrote ``n_out × (k_in − i)`` values per column, ``n_out k_in² / 2``
+memory writes per layer (a 1024 × 4096 layer: 8.6e9, minutes at memory speed), now
+``n_out k_in · BLOCK`` plus BLAS.
 """
 
 from __future__ import annotations
@@ -31,21 +40,31 @@ from onnxslim_kit.passes.cluster.maths.kmeans import nearest
 from onnxslim_kit.passes.cluster.maths.rows import zero_labels
 
 DAMPING = 0.01
+BLOCK = 128  # columns whose updates of the later columns are applied together (lazy batch updates)
 
 
-def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray,
-                zero_mask: np.ndarray | None = None, columns: np.ndarray | None = None) -> np.ndarray:
-    """Labels (``n_out × k_in``) of ``matrix`` into ``scales[:, None] · codebook[labels]``, or,
-    for a 2-D ``codebook`` (``scales`` ones), into ``codebook[r, labels[r, ·]]`` (one row of
-    centroids per output channel) or, with ``columns``, ``codebook[columns[i], labels[·, i]]``
-    (column ``i`` of ``matrix`` reads codebook row ``columns[i]``: one per input channel)."""
-    w = np.array(matrix, dtype=np.float64)
+def gptq_factor(gram: np.ndarray) -> tuple:
+    """``(dead input channels, U)``: the damped ``H``'s ``U = chol(H⁻¹)ᵀ`` (upper), which depends
+    on the statistics alone — computed once per layer and shared by its codebook levels (the
+    inverse and the Cholesky factor of a 4096-input layer are most of one assignment's time)."""
     h = np.array(gram, dtype=np.float64)
     dead = np.diag(h) <= 0
     h[dead, dead] = 1.0
-    w[:, dead] = 0.0
     h += DAMPING * float(np.mean(np.diag(h))) * np.eye(len(h))
-    upper = cholesky(cho_solve(cho_factor(h), np.eye(len(h))), lower=False)
+    return dead, cholesky(cho_solve(cho_factor(h), np.eye(len(h))), lower=False)
+
+
+def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray,
+                zero_mask: np.ndarray | None = None, columns: np.ndarray | None = None,
+                factor: tuple | None = None) -> np.ndarray:
+    """Labels (``n_out × k_in``) of ``matrix`` into ``scales[:, None] · codebook[labels]``, or,
+    for a 2-D ``codebook`` (``scales`` ones), into ``codebook[r, labels[r, ·]]`` (one row of
+    centroids per output channel) or, with ``columns``, ``codebook[columns[i], labels[·, i]]``
+    (column ``i`` of ``matrix`` reads codebook row ``columns[i]``: one per input channel);
+    ``factor``: :func:`gptq_factor` of ``gram`` when already computed (``gram`` is then unused)."""
+    dead, upper = gptq_factor(gram) if factor is None else factor
+    w = np.array(matrix, dtype=np.float64)
+    w[:, dead] = 0.0
     book = np.asarray(codebook, dtype=np.float64)
     s = np.asarray(scales, dtype=np.float64).ravel()
     rows = np.arange(len(w))
@@ -56,7 +75,9 @@ def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scal
     else:
         zero_label = int(np.flatnonzero(book == 0)[0]) if zero_mask is not None and np.any(book == 0) else None
     labels = np.empty(w.shape, np.int64)
+    errors = np.empty((len(w), min(BLOCK, w.shape[1])))
     for i in range(w.shape[1]):
+        start, end = i - i % BLOCK, min(i - i % BLOCK + BLOCK, w.shape[1])
         if book.ndim == 2 and columns is not None:
             lab = np.abs(w[:, i, None] - book[i][None, :]).argmin(axis=1)
             if zero_label is not None and zero_label[i] >= 0:
@@ -74,13 +95,15 @@ def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scal
                 lab[zero_mask[:, i]] = zero_label
             q = s * book[lab]
         labels[:, i] = lab
-        err = (w[:, i] - q) / upper[i, i]
-        w[:, i + 1:] -= np.outer(err, upper[i, i + 1:])
+        err = errors[:, i - start] = (w[:, i] - q) / upper[i, i]
+        w[:, i + 1:end] -= np.outer(err, upper[i, i + 1:end])  # within the block: one column at a time
+        if i == end - 1 and end < w.shape[1]:  # the block's updates of every later column: one GEMM
+            w[:, end:] -= errors[:, :end - start] @ upper[start:end, end:]
     return labels
 
 
 def cluster_layer(layer, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray | None,
-                  keep_zero: bool, per_input: bool = False) -> np.ndarray:
+                  keep_zero: bool, per_input: bool = False, factor: tuple | None = None) -> np.ndarray:
     """Labels, in the layout of the stored weight of ``layer`` (a :class:`._svd_stats.Layer`),
     of ``M = layer.matrixᵀ`` into the given (sorted) ``codebook`` and per-output-channel
     ``scales`` (``(n_out,)``, None for none), or into per-row codebooks (``n_out × k``; with
@@ -89,7 +112,7 @@ def cluster_layer(layer, gram: np.ndarray, codebook: np.ndarray, scales: np.ndar
     m = layer.matrix.T  # n_out × k_in
     row_scales = np.ones(len(m)) if scales is None else np.asarray(scales).ravel()
     columns = np.arange(m.shape[1]) // (m.shape[1] // len(codebook)) if per_input else None  # conv: C·kh·kw
-    labels = gptq_assign(m, gram, codebook, row_scales, (m == 0) if keep_zero else None, columns)
+    labels = gptq_assign(m, gram, codebook, row_scales, (m == 0) if keep_zero else None, columns, factor)
     if layer.kind == "conv" or (layer.kind == "gemm" and layer.node.attrs.get("transB", 0)):
         return labels.reshape(stored.shape)  # stored rows are the output channels
     return labels.T.copy()

@@ -54,10 +54,13 @@ def shrinkage(gram: np.ndarray, rows: int, fourth: float, damping: float = DAMPI
     if rows <= 0:
         return 1.0
     mu = float(np.trace(gram)) / len(gram)
-    d2 = float(np.sum((gram - mu * np.eye(len(gram))) ** 2))
+    diag = np.diagonal(gram)
+    total = float(np.vdot(gram, gram))  # ‖S‖²_F without a k × k temporary
+    # ‖S − μI‖²_F = Σ off-diagonal² + Σ (S_ii − μ)², never a k × k identity (134 MB at k = 4096)
+    d2 = max(total - float(np.vdot(diag, diag)), 0.0) + float(np.sum((diag - mu) ** 2))
     if d2 <= 0:
         return max(damping, 0.0)
-    b2 = max((fourth - rows * float(np.sum(gram**2))) / rows**2, 0.0)
+    b2 = max((fourth - rows * total) / rows**2, 0.0)
     return float(min(max(damping, min(b2, d2) / d2), 1.0))
 
 
@@ -75,8 +78,10 @@ class Factorization:
             g = np.asarray(gram, dtype=np.float64)
             self.shrinkage = alpha = shrinkage(g, rows, fourth, damping)
             mu = float(np.trace(g)) / self.k or 1.0
-            g = (1 - alpha) * g + alpha * mu * np.eye(self.k)
-            self.lower = cholesky(g, lower=True)
+            g = (1 - alpha) * g  # one k × k copy, shrunk in place (no identity, no temporaries)
+            g.flat[::self.k + 1] += alpha * mu
+            self.lower = cholesky(g, lower=True, overwrite_a=True, check_finite=False)
+            del g
             w = self.lower.T @ w
         self.u, self.s, self.vt = np.linalg.svd(w, full_matrices=False)
         total = float(np.sum(self.s**2))
@@ -129,6 +134,24 @@ class Factorization:
         if self.lower is not None:
             a = solve_triangular(self.lower, a, trans="T", lower=True)
         return a, root[:, None] * self.vt[:r]
+
+
+    def frozen(self) -> "Factors":
+        """The full-rank factors alone (``factors(r)`` slices them): no Cholesky factor, no
+        ``U`` beside ``A`` — what a caller deciding ranks later needs to hold."""
+        return Factors(*self.factors(self.full_rank))
+
+
+class Factors:
+    """Full-rank ``A`` (``k × m``), ``B`` (``m × n``) whose rank-``r`` truncation is ``A[:, :r] B[:r]``
+    (the columns are in singular-value order: :meth:`Factorization.factors`)."""
+
+    def __init__(self, a: np.ndarray, b: np.ndarray):
+        self.a, self.b = a, b
+        self.full_rank = a.shape[1]
+
+    def factors(self, r: int) -> tuple:
+        return self.a[:, :r], self.b[:r]
 
 
 class HeadsFactorization:
