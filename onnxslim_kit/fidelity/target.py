@@ -9,7 +9,8 @@ Syntax (``--target``, ``optimize(target=...)``, a lossy pass's ``target=`` overr
     none     anything goes (the drift is still reported)
 
 A bare number (``0.995``) reads as ``cos:0.995``: the older ``cluster(target=0.995)`` and
-``svd(target=0.99)`` keep working.
+``svd(target=0.99)`` keep working; ``off`` and a bare ``0`` (the passes' older "no search")
+read as ``none``.
 
 The budget. A target leaves a loss budget; a measured model uses the fraction
 
@@ -40,6 +41,7 @@ from ..errors import UserError
 METRICS = ("cos", "top1", "rel", "metric")
 SYNTAX = "cos:V, top1:V, rel:V, metric:V (with --metric) or none (cos:0.99: every output view's cosine ≥ 0.99)"
 DEFAULT = "cos:0.99"
+OFF = ("none", "off")  # and a bare number equal to 0
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Target:
         if isinstance(text, Target):
             return text
         raw = str(text).strip()
-        if raw.lower() == "none":
+        if _is_off(raw):
             return cls("none")
         metric, colon, number = raw.partition(":")
         if not colon:  # a bare number: the older float targets (cosine)
@@ -104,12 +106,21 @@ class Target:
         return max(loss, 0.0) / self.budget
 
 
+def _is_off(raw: str) -> bool:
+    if raw.lower() in OFF:
+        return True
+    try:
+        return float(raw) == 0
+    except ValueError:
+        return False
+
+
 def check_target(text: str, where: str) -> str:
     """A pass option's parse hook: the text validated before any pass runs, kept as written
-    (empty: the pipeline's share)."""
-    if str(text).strip():
-        Target.parse(text, where)
-    return text
+    (empty: the pipeline's share), ``none`` for every spelling of it."""
+    if not str(text or "").strip():
+        return text
+    return "none" if Target.parse(text, where).metric == "none" else text
 
 
 def share(used: float, remaining: int) -> float:

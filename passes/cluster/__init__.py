@@ -123,7 +123,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.api import Option, Pass, PassResult, exclusions, model_size_bytes, pass_fidelity, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, check_target, exclusions, model_size_bytes, pass_fidelity, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes.cluster import stream
@@ -132,7 +132,7 @@ from onnxslim_kit.passes.cluster.grams import chunks
 from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer, gptq_factor
 from onnxslim_kit.passes.cluster.maths.kmeans import cluster_weight
 from onnxslim_kit.passes.cluster.maths.rows import row_codebooks
-from onnxslim_kit.passes.cluster.select import FLOAT, ROWS, choose, parse_target
+from onnxslim_kit.passes.cluster.select import FLOAT, ROWS, choose
 from onnxslim_kit.passes.cluster.write import encode_all
 from onnxslim_kit.passes.cluster.maths.share import (
     broadcast_scales,
@@ -239,7 +239,7 @@ class ClusterPass(Pass):
         "data": Option(str, "auto", "GPTQ assignment with calibration statistics", ("auto", "true", "false")),
         "target": Option(str, "", "fidelity target (cos:V, top1:V, rel:V, none; a bare number: cos:V; 0: "
                                   "none) held by giving sensitive layers per-row codebooks, k_high centroids "
-                                  "or float; default: the pipeline's --target share", parse=parse_target),
+                                  "or float; default: the pipeline's --target share", parse=check_target),
         "k_high": Option(int, 256, "centroids of the layers that need more (uint8 indices)"),
         "rows": Option(bool, True, "per-row codebooks (k each, float16) as the target's step before k_high"),
         "encode": Option(str, "packed", "packed: codebook + indices; dense: decoded float weights "

@@ -47,7 +47,6 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxslim_kit.api import check_target
 from onnxslim_kit.model import proto_graphs
 from onnxslim_kit.runtime import make_session, run
 
@@ -76,17 +75,6 @@ def overridable(proto: onnx.ModelProto, names: list) -> onnx.ModelProto:
         t = inits[name]
         out.graph.input.append(helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
     return out
-
-
-def parse_target(text: str, where: str) -> str:
-    """The ``target`` option's parse hook: the older ``0`` (off) reads as ``none``; anything
-    else as :func:`onnxslim_kit.fidelity.check_target` (empty: the pipeline's share)."""
-    try:
-        if str(text).strip() and float(text) == 0:
-            return "none"
-    except ValueError:
-        pass
-    return check_target(text, where)
 
 
 class Trials:

@@ -21,24 +21,10 @@ from onnxslim_kit.errors import UserError
 
 from onnxslim_kit.passes._quant.qdq import RUNGS
 
-OFF = ("off",)  # and any number equal to 0
-
-
 def check_target(text: str, where: str = "int8(target=...)") -> str:
     """Option hook: the target text in the fidelity syntax (:func:`onnxslim_kit.api.check_target`;
     empty stays empty: the pipeline's share), the older spellings mapped (module docstring)."""
-    raw = str(text or "").strip()
-    if raw.lower() in OFF or _is_number(raw) and float(raw) == 0:
-        return "none"
-    return fidelity_check_target(raw, where)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    return fidelity_check_target(str(text or "").strip(), where)
 
 
 def parse_ladder(text: str, where: str = "int8(ladder=...)") -> list:

@@ -172,19 +172,8 @@ def compressed_weight_bytes(model) -> int:
     return total
 
 
-NO_SEARCH = ("none", "0", "0.0")
-
-
-def parse_target(text: str, where: str) -> str:
-    """The ``target=`` option: a fidelity target (:func:`onnxslim_kit.api.check_target`), or
-    ``0`` (as ``none``: no search)."""
-    if str(text).strip().lower() in NO_SEARCH:
-        return "none"
-    return check_target(text, where)
-
-
 def no_search(target) -> bool:
-    return str(target or "").strip().lower() in NO_SEARCH
+    return str(target or "").strip().lower() == "none"  # every spelling of it, as check_target wrote it
 
 
 def parse_nm(text: str):
@@ -208,7 +197,7 @@ class PrunePass(Pass):
                         "fidelity target allows)"),
         "target": Option(str, "", "fidelity target (cos:V, top1:V, rel:V, none; 0 = none: strip only); default: "
                          "the pipeline's --target share. Without ratio= the pass removes as much compute as it "
-                         "allows", parse=parse_target),
+                         "allows", parse=check_target),
         "criterion": Option(str, "obs", "channel importance", CRITERIA),
         "cost": Option(str, "none", "divide scores by each channel's MAC or measured-latency share",
                        ("none", "macs", "latency")),

@@ -91,7 +91,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxslim_kit.api import Option, Pass, PassResult, exclusions, pass_fidelity, register_pass
+from onnxslim_kit.api import Option, Pass, PassResult, check_target, exclusions, pass_fidelity, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
 
 from onnxslim_kit.passes._common.blas import blas_threads
@@ -99,7 +99,7 @@ from onnxslim_kit.passes._common.layer_stats import match_layer
 from onnxslim_kit.passes.svd.budget import allocate
 from onnxslim_kit.passes.svd.plan import Plan, plan_layer
 from onnxslim_kit.passes.svd.rewrite import apply
-from onnxslim_kit.passes.svd.select import parse_target, select
+from onnxslim_kit.passes.svd.select import select
 from onnxslim_kit.passes.svd.speed import flops
 from onnxslim_kit.passes.svd.stream import groups, release
 
@@ -130,7 +130,7 @@ class SvdPass(Pass):
         "cosine": Option(float, 0.999, "per-layer output cosine target (the default rule)"),
         "target": Option(str, "", "fidelity target (cos:V, top1:V, rel:V, none; a bare number: cos:V; 0: "
                                   "none) held end to end on the judged samples; default: the pipeline's "
-                                  "--target share", parse=parse_target),
+                                  "--target share", parse=check_target),
         "data": Option(str, "auto", "whiten with calibration statistics", ("auto", "true", "false")),
         "force": Option(bool, False, "factorise even when it does not pay off (tests, experiments)"),
         "measure": Option(bool, True, "time small layers in ORT and skip those that get slower"),

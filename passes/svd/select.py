@@ -13,21 +13,9 @@ the share of the target's loss budget this pass may take the model to) is found 
 
 from __future__ import annotations
 
-from onnxslim_kit.api import check_target
 from onnxslim_kit.runtime import make_session, run
 
 from onnxslim_kit.passes.svd.rewrite import apply
-
-
-def parse_target(text: str, where: str) -> str:
-    """The ``target`` option's parse hook: the older ``0`` (off) reads as ``none``; anything
-    else as :func:`onnxslim_kit.fidelity.check_target` (empty: the pipeline's share)."""
-    try:
-        if str(text).strip() and float(text) == 0:
-            return "none"
-    except ValueError:
-        pass
-    return check_target(text, where)
 
 
 def judged(model, fid):

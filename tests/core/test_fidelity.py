@@ -42,7 +42,8 @@ def _model(text: str) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("text, metric, value", [
     ("cos:0.99", "cos", 0.99), ("top1:0.98", "top1", 0.98), ("rel:1e-3", "rel", 1e-3), ("none", "none", 0.0),
-    ("0.995", "cos", 0.995), (" COS:0.9 ", "cos", 0.9),
+    ("0.995", "cos", 0.995), (" COS:0.9 ", "cos", 0.9), ("off", "none", 0.0), ("0", "none", 0.0),
+    ("0.0", "none", 0.0),
 ])
 def test_target_syntax(text, metric, value):
     target = Target.parse(text)
@@ -192,3 +193,10 @@ def test_fidelity_computes_the_reference_with_the_tail_tensors():
     assert half.allowed == pytest.approx(0.5) and "50% of the cos:0.99 budget" in half.describe()
     own = fid.for_pass("top1:0.9", remaining=2)
     assert own.target == Target.parse("top1:0.9") and own.allowed == 1.0
+
+
+def test_pass_hook_writes_every_off_spelling_as_none():
+    from onnxslim_kit.fidelity import check_target
+
+    assert [check_target(t, "p(target=...)") for t in ("off", "0", " 0.0 ", "NONE", "", "cos:0.99", "0.995")] == [
+        "none", "none", "none", "none", "", "cos:0.99", "0.995"]
