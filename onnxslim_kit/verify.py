@@ -4,9 +4,13 @@ Two checks, in order:
 
 1. ``onnx.checker.check_model(full_check=True)`` — only required when the original passes it
    too (some exporters write models the checker rejects but ONNX Runtime runs).
-2. ONNX Runtime, all of its own graph optimisations disabled (so its fusions cannot hide or
-   cause a difference), original vs candidate on the same sample inputs; per output the
-   worst :class:`~onnxslim_kit.metrics.Drift` over the samples. A lossless pass must keep
+2. ONNX Runtime, original vs candidate on the same sample inputs; per output the worst
+   :class:`~onnxslim_kit.metrics.Drift` over the samples. The original, and a lossless
+   pass's candidate, run with all of ORT's graph optimisations disabled (so its fusions cannot
+   hide or cause a difference); a lossy pass's candidate runs as users run it, optimisations
+   on (``all``), so an int8 model is judged by the integer kernels ORT fuses it into, not by
+   its QDQ graph computed in float (they differed on CPUs whose u8·s8 kernels saturate:
+   ``passes/_quant/qdq.py``). A lossless pass must keep
    every output within ``max|a−b| ≤ 1e-6 + rtol'·max|a|``, or, for an output given a
    per-output absolute tolerance (``--atol OUT:1e-3``, as Polygraphy), ``max|a−b| ≤ atol``.
    ``rtol' = max(rtol, 4·eps(dtype))`` for the output's float dtype: a lossless rewrite may
@@ -166,7 +170,7 @@ class Verifier:
             return Check("unverified", message=f"ONNX Runtime cannot run the original: {self.runtime_error}")
         session = None
         try:
-            session = _session(candidate, arrays)
+            session = _session(candidate, arrays, opt_level="disable" if lossless else "all")
             del candidate, arrays
             results = _run_all(session, self.samples)
         except Exception as exc:  # noqa: BLE001
@@ -253,15 +257,17 @@ def fit_generated(session, feed, n: int):
     return None
 
 
-def _session(proto: onnx.ModelProto, arrays: dict | None = None, extra_outputs: list | None = None):
+def _session(proto: onnx.ModelProto, arrays: dict | None = None, extra_outputs: list | None = None,
+             opt_level: str = "disable"):
     """A verification session: ORT's arena off (it would keep the largest run's intermediates
     until the session goes, and malloc keeps them after; MiniLM: ≈ 50 MB), no packed weight
-    copies, at level ``disable``, so a Model's ``arrays`` are read where they lie. With the
+    copies; at level ``disable`` a Model's ``arrays`` are read where they lie (other levels
+    spill them to a temporary file, :func:`.runtime.make_session`). With the
     reference session gone before any candidate's (:class:`Verifier` keeps only its outputs),
     the verification peak is one model's session (``tests/core/test_verify_memory.py``)."""
     outputs = {o.name for o in proto.graph.output}
     extra = [n for n in extra_outputs or [] if n not in outputs] or None
-    return make_session(proto, arena=False, arrays=arrays, extra_outputs=extra, prepack=False)
+    return make_session(proto, opt_level, arena=False, arrays=arrays, extra_outputs=extra, prepack=False)
 
 
 def _run_all(session, samples: list) -> list:

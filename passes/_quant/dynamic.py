@@ -92,7 +92,8 @@ def dynamic_matmul(model, graph, node, x, w_q, w_scale, bias=None, prefix: str =
     """Replace ``node`` (MatMul / Gemm reading ``x``) by the dynamic chain; ``w_q`` [K, N] int8
     (symmetric, stored as uint8 with zero point 128), ``w_scale`` per column or scalar. ``node`` is left without outputs (dead; removed from
     ``graph.nodes``). Returns the DynamicQuantizeLinear node (the new reader of ``x``)."""
-    zero = np.zeros(np.shape(w_scale), np.int8)
+    zero = (np.full(np.shape(w_scale), WEIGHT_OFFSET, np.uint8) if np.asarray(w_q).dtype == np.uint8
+            else np.zeros(np.shape(w_scale), np.int8))  # uint8 codes: the static MatMul encoding's, shared
     y, x_scale, quantize = integer_op(model, graph, "MatMulInteger", x, w_q, zero, prefix=prefix)
     rescale(model, graph, y, x_scale, np.asarray(w_scale, np.float32), bias, node, prefix=prefix)
     node.inputs.clear()

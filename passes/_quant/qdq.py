@@ -6,8 +6,25 @@ MatMulIntegerToFloat at load time, checked by the tests):
 * activations, per tensor, asymmetric over the calibrated ``[lo, hi]`` (``lo ≤ 0 ≤ hi``):
   ``s = (hi − lo) / 255``, ``z = round(−lo / s)`` for uint8, ``z − 128`` for int8; a
   non-negative tensor (after Relu) gets ``z = qmin`` so ORT can drop the Relu before the Q;
-* weights, symmetric int8 in ``[−127, 127]``, per output channel (``DequantizeLinear``
-  with ``axis``, opset ≥ 13) or per tensor: ``s_c = max|W_c| / 127``, ``z = 0``;
+* weights, symmetric, per output channel (``DequantizeLinear`` with ``axis``, opset ≥ 13) or
+  per tensor, on a grid that ONNX Runtime's integer kernels compute *exactly on every CPU*
+  (:func:`weight_grid`): ``s_c = max|W_c| / q``, codes in ``[−q, q]``:
+
+  - MatMul / Gemm: ``q = 127``, stored as uint8 ``W_q + 128`` with zero point 128 (the same
+    values; u8·u8 kernels);
+  - Conv with more than one input channel per group: ``q = 63`` (7 bits), int8, no zero point;
+  - depthwise Conv (one input and one output channel per group): ``q = 127``, int8.
+
+  Why: with uint8 activations and int8 weights, MLAS's u8·s8 GEMMs on x86-64 CPUs with AVX2 /
+  AVX-512 but no VNNI add two products into a saturating int16 (``vpmaddubsw``:
+  ``2·255·127 = 64770 > 32767``; :mod:`onnxslim_kit.passes._quant.dynamic` has the measurement).
+  On such a CPU PP-OCR's direction classifier, int8 at ``[−127, 127]``, ran at cosine 0.97 on
+  held-out samples (one evaluation decision flipped at cosine 0.14) while the same file computed
+  exactly gave 1.0. ``2·255·63 = 32130`` cannot saturate; u8·u8 takes the widening kernel; the
+  depthwise kernel accumulates in int32. The Conv grid costs one bit of weight resolution; uint8
+  Conv weights would keep it but run QLinearConv 36 % slower on AVX2
+  (``benchmarks/results/int8-saturation-2026-12-02.md``). ``tests/passes/int8/test_int8_exact.py``
+  checks that ORT's fused graph equals the QDQ graph computed in float;
 * bias, int32 with ``s_b = s_x · s_w`` (per channel), ``z = 0``; when ``b / s_b`` would not
   fit in int32, ``s_w`` of that channel is raised to ``|b_c| / (s_x · (2^31 − 1))``.
 
@@ -24,7 +41,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes._common.graph import consumers, new_constant
-from onnxslim_kit.passes._quant.dynamic import dynamic_matmul
+from onnxslim_kit.passes._quant.dynamic import dynamic_matmul, unsigned_weight
 from onnxslim_kit.passes._quant.hardswish import quantize_hard_activations
 from onnxslim_kit.passes._quant.smooth import weight_array
 
@@ -82,8 +99,9 @@ def activation_params(lo: float, hi: float, dtype: str = "uint8") -> tuple:
     return np.float32(scale), np_type(zero)
 
 
-def weight_scales(w: np.ndarray, axis: int | None) -> np.ndarray:
-    """Symmetric int8 scales: per channel along ``axis`` (1-D) or per tensor (0-D)."""
+def weight_scales(w: np.ndarray, axis: int | None, qmax: int = 127) -> np.ndarray:
+    """Symmetric scales for codes in ``[−qmax, qmax]``: per channel along ``axis`` (1-D) or per
+    tensor (0-D)."""
     # max |w| as max(max w, −min w): the same values without an |w| copy of the weight
     if axis is None:
         amax = max(float(w.max()), -float(w.min())) if w.size else 0.0
@@ -91,17 +109,29 @@ def weight_scales(w: np.ndarray, axis: int | None) -> np.ndarray:
         other = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
         amax = np.maximum(w.max(axis=other), -w.min(axis=other)) if other else np.abs(w)
     amax = np.asarray(amax, dtype=np.float64)
-    return np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    return np.where(amax > 0, amax / float(qmax), 1.0).astype(np.float32)
 
 
-def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None) -> np.ndarray:
+def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int | None, qmax: int = 127) -> np.ndarray:
     shape = [1] * w.ndim
     if axis is not None:
         shape[axis] = -1
     scales = scales.reshape(shape).astype(np.float64)
     return by_rows(w, np.int8, lambda part, rows: np.clip(
         np.round(part.astype(np.float64) / (scales[rows] if scales.ndim and scales.shape[0] > 1 else scales)),
-        -127, 127))
+        -qmax, qmax))
+
+
+SAFE_CONV_QMAX = 63  # 2·255·63 = 32130 ≤ 32767: no u8·s8 pair sum saturates an int16
+
+
+def weight_grid(node: gs.Node, w: np.ndarray) -> tuple:
+    """``(qmax, unsigned)`` of a static layer's weight (module docstring): the grid ONNX
+    Runtime's fused kernel computes exactly on every CPU."""
+    if node.op != "Conv":
+        return 127, True
+    depthwise = w.ndim >= 2 and w.shape[1] == 1 and int(node.attrs.get("group", 1)) == w.shape[0]
+    return (127 if depthwise else SAFE_CONV_QMAX), False
 
 
 ROWS_BYTES = 1 << 20  # float64 temporaries of a weight's encoding, at most, per block of rows (small blocks: malloc
@@ -475,17 +505,20 @@ def _encode_weights(node: gs.Node, spec, plan) -> tuple:
             np.round(part.astype(np.float64) / float(scale)) + int(zero), info.min, info.max))
         return q, scale, None, zero, None
     axis = spec.weight_axis if plan.per_channel else None
-    scales = weight_scales(w, axis)  # (not for a table: |T| of MiniLM's would be 47 MB more, unused)
+    qmax, unsigned = weight_grid(node, w)
+    scales = weight_scales(w, axis, qmax)  # (not for a table: |T| of MiniLM's would be 47 MB more, unused)
     x_scale = float(plan.params[spec.inputs[0]][0])
     has_bias = spec.bias_index is not None and spec.bias_index < len(node.inputs)
     shift = plan.bias_shift.get(spec.name)
-    if not has_bias and shift is None:
-        return quantize_weight(w, np.asarray(scales), axis), scales, axis, None, None
-    n = w.shape[spec.weight_axis]
-    bias = np.asarray(node.inputs[spec.bias_index].values, dtype=np.float32) if has_bias else np.zeros(n, np.float32)
-    bias = bias.reshape(n) if bias.size == n else np.broadcast_to(bias, (n,)).copy()
-    bias = bias + shift if shift is not None else bias
-    scales = fit_bias(bias, x_scale, scales) if axis is not None else np.float32(
-        max(float(scales), float(np.abs(bias).max(initial=0.0)) / (x_scale * INT32_MAX)))
-    return (quantize_weight(w, np.asarray(scales), axis), scales, axis, None,
-            quantize_bias(bias, x_scale, np.asarray(scales)))
+    bias = None
+    if has_bias or shift is not None:
+        n = w.shape[spec.weight_axis]
+        bias = np.asarray(node.inputs[spec.bias_index].values, dtype=np.float32) if has_bias else np.zeros(n, np.float32)
+        bias = bias.reshape(n) if bias.size == n else np.broadcast_to(bias, (n,)).copy()
+        bias = bias + shift if shift is not None else bias
+        scales = fit_bias(bias, x_scale, scales) if axis is not None else np.float32(
+            max(float(scales), float(np.abs(bias).max(initial=0.0)) / (x_scale * INT32_MAX)))
+    wq, zero = quantize_weight(w, np.asarray(scales), axis, qmax), None
+    if unsigned:
+        wq, zero = unsigned_weight(wq, np.zeros(np.shape(scales), np.int8))
+    return (wq, scales, axis, zero, None if bias is None else quantize_bias(bias, x_scale, np.asarray(scales)))

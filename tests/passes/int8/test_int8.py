@@ -110,10 +110,10 @@ def test_weight_and_bias_encodings():
     s_x = inits[x_dq.input[1]]
     s_w = inits[w_dq.input[1]]
     w_q = inits[w_dq.input[0]]
-    assert w_q.dtype == np.int8 and np.abs(w_q).max() == 127
+    assert w_q.dtype == np.int8 and np.abs(w_q).max() == 63  # a full Conv: the 7-bit grid (test_int8_exact)
     assert s_w.shape == (8,) and {a.name: a.i for a in w_dq.attribute}["axis"] == 0
     w1 = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "w1"))
-    np.testing.assert_allclose(s_w, np.abs(w1).reshape(8, -1).max(axis=1) / 127, rtol=1e-6)
+    np.testing.assert_allclose(s_w, np.abs(w1).reshape(8, -1).max(axis=1) / 63, rtol=1e-6)
     assert np.abs(w_q * s_w[:, None, None, None] - w1).max() <= s_w.max() / 2 + 1e-7
     b_q, s_b = inits[b_dq.input[0]], inits[b_dq.input[1]]
     assert b_q.dtype == np.int32
