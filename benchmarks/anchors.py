@@ -13,6 +13,13 @@ ort_static         ONNX Runtime ``quant_pre_process`` (on failure: noted, then t
                    per-channel int8 weights, uint8 activations, min-max, calibrated on the
                    suite's calibration samples through a ``CalibrationDataReader``
 ort_dynamic        ONNX Runtime ``quantize_dynamic`` (defaults: int8 weights)
+nncf               NNCF 3.4 ``nncf.quantize(onnx_model, nncf.Dataset(samples))``, ONNX backend
+                   (no torch, no openvino), default preset (performance: symmetric
+                   activations), ``subset_size`` = every calibration sample; opset raised to
+                   13 first when lower (noted)
+nncf_mixed         the same with ``preset=QuantizationPreset.MIXED`` (asymmetric activations)
+nncf_transformer   the same with ``model_type=ModelType.TRANSFORMER`` (MIXED preset, as NNCF
+                   picks for that model type; meant for MiniLM)
 =================  =====================================================================
 
 :func:`run_anchor` never raises for a tool's failure: an exception, a crash, a time-out or
@@ -46,9 +53,11 @@ from pathlib import Path
 
 import numpy as np
 
-ANCHORS = ["onnxslim", "onnxsim", "onnxoptimizer", "ort_static", "ort_dynamic"]
+ANCHORS = ["onnxslim", "onnxsim", "onnxoptimizer", "ort_static", "ort_dynamic", "nncf", "nncf_mixed",
+           "nncf_transformer"]
 PACKAGES = {"onnxslim": "onnxslim", "onnxsim": "onnxsim", "onnxoptimizer": "onnxoptimizer",
-            "ort_static": "onnxruntime", "ort_dynamic": "onnxruntime"}
+            "ort_static": "onnxruntime", "ort_dynamic": "onnxruntime", "nncf": "nncf", "nncf_mixed": "nncf",
+            "nncf_transformer": "nncf"}
 QDQ_MIN_OPSET = 13
 
 
@@ -246,8 +255,40 @@ def _ort_dynamic(src: Path, dst: Path, calib, notes: list) -> None:
     quantize_dynamic(str(src), str(dst))
 
 
+def _nncf(src: Path, dst: Path, calib, notes: list, preset: str | None = None, model_type: str | None = None) -> None:
+    """NNCF's post-training quantization on the ONNX backend, every calibration sample used."""
+    import nncf
+    import onnx
+    import onnxruntime as ort
+
+    if calib is None:
+        raise RuntimeError("nncf needs --calib samples")
+    names = [i.name for i in ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).get_inputs()]
+    samples = NpzReader(calib, names).samples
+    with tempfile.TemporaryDirectory(prefix="nncf-") as tmp:
+        model = onnx.load(str(_with_opset(Path(src), Path(tmp), notes)))
+    options = {}
+    if preset is not None:
+        options["preset"] = getattr(nncf.QuantizationPreset, preset)
+    if model_type is not None:
+        options["model_type"] = getattr(nncf.ModelType, model_type)
+    quantized = nncf.quantize(model, nncf.Dataset(samples), subset_size=len(samples), **options)
+    notes.append(f"nncf {nncf.__version__}: {len(samples)} samples"
+                 + "".join(f", {k}={v.name}" for k, v in options.items()))
+    onnx.save(quantized, str(dst))
+
+
+def _nncf_mixed(src: Path, dst: Path, calib, notes: list) -> None:
+    _nncf(src, dst, calib, notes, preset="MIXED")
+
+
+def _nncf_transformer(src: Path, dst: Path, calib, notes: list) -> None:
+    _nncf(src, dst, calib, notes, model_type="TRANSFORMER")
+
+
 TOOLS = {"onnxslim": _onnxslim, "onnxsim": _onnxsim, "onnxoptimizer": _onnxoptimizer,
-         "ort_static": _ort_static, "ort_dynamic": _ort_dynamic}
+         "ort_static": _ort_static, "ort_dynamic": _ort_dynamic,
+         "nncf": _nncf, "nncf_mixed": _nncf_mixed, "nncf_transformer": _nncf_transformer}
 
 
 def child_main(argv: list) -> int:
