@@ -18,7 +18,12 @@ Steps and their bounds:
 5. goal memory measures each feasible candidate's session peak instead of timing it
    (:mod:`.memory`), through the same cache;
 6. ``profile=True`` (``--html``): the original and the chosen model are profiled by ORT
-   (:mod:`.profile`, latency by op type), through the same cache.
+   (:mod:`.profile`, latency by op type), through the same cache;
+7. a per-layer mix (:mod:`.mix`): when ``fuse,dynamic`` was tried and misses the target, the
+   MatMul/Gemm layers are ordered by an estimate of their dynamic-int8 error and a binary search
+   (at most ⌈log₂ N⌉ more optimize runs) finds the fewest to keep float so that the target holds;
+   that mix is one more candidate, timed and chosen by the same rules (``mix_search=False``:
+   off; not started once the budget is spent).
 
 Where the optimize runs and the one benchmark run is the executor's business (:mod:`.executor`:
 this process, or Ray tasks, :mod:`.ray_executor`); duplicates, cache look-ups and the choice are
@@ -32,7 +37,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import memory
+from . import memory, mix
 from . import profile as op_profile
 from .candidates import GOALS, Candidate, checked_pipelines
 from .choose import choose, pareto_front
@@ -117,11 +122,12 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
          threads: int = 1, timing_cache: TimingCache | None = None, budget_s: float | None = None,
          runs: int = 50, warmup: int = 5, input_shapes: dict | None = None, num_samples: int = 8,
          seed: int = 0, progress=None, log=None, profile: bool = False, pipelines=None,
-         executor=None) -> PlanResult:
+         executor=None, mix_search: bool = True) -> PlanResult:
     """Plan ``model`` (a path): see the module docstring. ``timing_cache``: read and extended
     (an in-memory one when None). ``pipelines``: the candidates to try (default: the goal's, see
     :mod:`.candidates`; ``fuse`` is tried first in any case). ``executor``: where the work runs
-    (:mod:`.executor`; default this process)."""
+    (:mod:`.executor`; default this process). ``mix_search``: after the pipelines, search a per-layer
+    dynamic/float mix when ``fuse,dynamic`` misses the target (:mod:`.mix`)."""
     import logging
 
     from ..bench import resolve_provider, short_name
@@ -145,6 +151,9 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
     executor = executor if executor is not None else LocalExecutor()
     with executor:
         candidates, stopped = executor.candidates(model, pipelines, settings, budget_s, progress, log)
+        if mix_search and not stopped:
+            deadline = None if budget_s is None else start + budget_s
+            candidates += mix.search(model, candidates, settings, executor, log, deadline)
         _mark_duplicates(candidates)
         samples = []
         if goal != "size" or profile:

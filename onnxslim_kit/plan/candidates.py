@@ -82,6 +82,11 @@ class Candidate:
     memory: dict | None = None  # goal memory: the session's peak MB, how it was read, cached?
     seconds: float = 0.0  # wall time of its optimize run
     notes: list = field(default_factory=list)
+    label: str | None = None  # a short name for the table (a per-layer mix's pipeline is long)
+
+    @property
+    def display(self) -> str:
+        return self.label or self.pipeline
 
     @property
     def usable(self) -> bool:
@@ -91,7 +96,7 @@ class Candidate:
         return {"pipeline": self.pipeline, "met": self.met, "used": self.used, "binding": self.binding,
                 "size_bytes": self.size_bytes, "sha256": self.sha256, "error": self.error,
                 "skipped": self.skipped, "same_as": self.same_as, "timing": self.timing, "memory": self.memory,
-                "optimize_seconds": round(self.seconds, 3), "notes": list(self.notes)}
+                "optimize_seconds": round(self.seconds, 3), "notes": list(self.notes), "label": self.label}
 
 
 def fidelity_of(report) -> tuple:

@@ -100,7 +100,7 @@ def _table(result) -> str:
            + "</tr></thead><tbody>"]
     for c in result.candidates:
         cls = ' class="chosen"' if c is result.chosen else ""
-        out.append(f'<tr{cls} data-pipeline="{escape(c.pipeline)}">' + _cell(c.pipeline) + _cell(_state(c))
+        out.append(f'<tr{cls} data-pipeline="{escape(c.pipeline)}">' + _cell(c.display) + _cell(_state(c))
                    + _cell(_binding(c), c.used if c.used not in (None, float("inf")) else None)
                    + (_cell(measure[1](c), measure[2](c)) if measure else "")
                    + _cell(f"{c.size_bytes / 1024:.1f} KB" if c.size_bytes is not None else "—", c.size_bytes)
@@ -115,7 +115,7 @@ def _front(result) -> str:
     measure = {"latency": ("latency ratio vs the original", lambda c: (c.timing or {}).get("ratio")),
                "memory": ("session peak (MB)", lambda c: (c.memory or {}).get("peak_mb")),
                "size": ("share of the target's budget used", lambda c: c.used)}[goal]
-    points = [{"x": measure[1](c), "y": c.size_bytes / 1024, "label": c.pipeline, "color": _budget_colour(c.used),
+    points = [{"x": measure[1](c), "y": c.size_bytes / 1024, "label": c.display, "color": _budget_colour(c.used),
                "chosen": c is result.chosen, "front": c.pipeline in result.front}
               for c in feasible if measure[1](c) is not None]
     if not points:
@@ -144,7 +144,7 @@ def _fidelity(result) -> str:
     charts = []
     for key, label, metric in (("cosine", "cosine vs the original", "cos"),
                                ("agreement", "decision agreement vs the original", "top1")):
-        rows = [(f"{c.pipeline} · {v['view']}", {key: float(v[key])})
+        rows = [(f"{c.display} · {v['view']}", {key: float(v[key])})
                 for c in result.candidates if c.error is None for v in _views(c)
                 if isinstance(v.get(key), (int, float))]
         if not rows:
@@ -180,11 +180,11 @@ def page(result, original) -> str:
     else:
         latency = '<p class="note">Not profiled.</p>'
     summary = (f"goal {s['goal']}, target {s['target']}, {s['provider']} ×{s['threads']} threads; "
-               f"chosen {result.chosen.pipeline}; planned in {result.seconds:.1f} s")
+               f"chosen {result.chosen.display}; planned in {result.seconds:.1f} s")
     sections = [("Candidates", _table(result)), ("Pareto front", _front(result)),
                 ("Fidelity per view (held-out samples)", _fidelity(result)),
-                (f"Size by op: original vs {result.chosen.pipeline}", size),
-                (f"Latency by op: original vs {result.chosen.pipeline}", latency)]
+                (f"Size by op: original vs {result.chosen.display}", size),
+                (f"Latency by op: original vs {result.chosen.display}", latency)]
     body = "\n".join(f"<section><h2>{escape(t)}</h2>\n{html}\n</section>" for t, html in sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>onnxslim_kit plan</title>'
             f"<style>{CSS}</style></head>\n<body><h1>onnxslim_kit plan</h1><p>{escape(summary)}</p>\n{body}\n"

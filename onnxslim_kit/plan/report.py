@@ -64,7 +64,7 @@ def table(result) -> str:
     memory = result.settings["goal"] == "memory"
     rows = [HEADER[:3] + ("session peak",) + HEADER[4:] if memory else HEADER]
     for c in result.candidates:
-        rows.append((c.pipeline, _state(c), _binding(c), _peak(c) if memory else _latency(c),
+        rows.append((c.display, _state(c), _binding(c), _peak(c) if memory else _latency(c),
                      _size(c.size_bytes) if c.size_bytes is not None else "—", _mark(c, result)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
