@@ -397,16 +397,10 @@ def measure_model(name: str, args, work: Path) -> dict:
     """One model: the CLI runs, one bench of [original, fuse, pipelines…], the summaries."""
     from onnxslim_kit.bench import benchmark
 
-    record = {"model": name, "load_before": [round(x, 2) for x in os.getloadavg()]}
     start = time.perf_counter()
-    try:
-        src = inputs.model_path(name)
-    except Exception as exc:  # noqa: BLE001 - a model that cannot be had is a skipped row
-        record["skipped"] = f"{type(exc).__name__}: {exc}"
+    record, src, data, calib = suite_model(name, args, work)
+    if src is None:
         return record
-    data = inputs.build(name, n_calib=args.calib, n_eval=args.eval, path=src)
-    calib = run_suite.save_calib(data.calib, work / f"{name}.calib.npz")
-    record.update(source=run_suite.source(name), calib_samples=len(data.calib), eval_samples=len(data.eval))
     runs = {}
     for pipeline in dict.fromkeys([FUSE, *args.pipelines]):
         dst = work / f"{name}.{_slug(pipeline)}.onnx"
@@ -445,6 +439,22 @@ def measure_model(name: str, args, work: Path) -> dict:
     return record
 
 
+def suite_model(name: str, args, work: Path) -> tuple:
+    """``(record, model path, inputs.build data, calibration .npz)`` of a suite model with
+    ``args.calib`` / ``args.eval`` samples; the record starts with the load average. A model
+    that cannot be had: ``(record with "skipped", None, None, None)``."""
+    record = {"model": name, "load_before": [round(x, 2) for x in os.getloadavg()]}
+    try:
+        src = inputs.model_path(name)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot be had is a skipped row
+        record["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return record, None, None, None
+    data = inputs.build(name, n_calib=args.calib, n_eval=args.eval, path=src)
+    calib = run_suite.save_calib(data.calib, work / f"{name}.calib.npz")
+    record.update(source=run_suite.source(name), calib_samples=len(data.calib), eval_samples=len(data.eval))
+    return record, src, data, calib
+
+
 def held_out_samples(calib: list) -> list:
     """The calibration samples the pipeline held out (its own rule, :func:`fidelity.context.held_out`)."""
     from onnxslim_kit.fidelity.context import held_out
@@ -463,7 +473,7 @@ def same_samples(src: Path, out: Path, samples: list) -> list | None:
     return rows[1].get("views")
 
 
-def _json_default(value):
+def json_default(value):
     if isinstance(value, (np.integer, np.floating, np.bool_)):
         return value.item()
     if isinstance(value, np.ndarray):
@@ -486,7 +496,7 @@ def write(results: dict, folder: Path, stem: str) -> tuple:
     folder.mkdir(parents=True, exist_ok=True)
     md, js = folder / f"{stem}.md", folder / f"{stem}.json"
     md.write_text(markdown(results) + "\n")
-    js.write_text(json.dumps(_finite(json.loads(json.dumps(results, default=_json_default))), indent=1) + "\n")
+    js.write_text(json.dumps(_finite(json.loads(json.dumps(results, default=json_default))), indent=1) + "\n")
     return md, js
 
 

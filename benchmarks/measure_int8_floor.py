@@ -44,6 +44,7 @@ from pathlib import Path
 
 import anchors
 import inputs
+import measure_fidelity
 import numpy as np
 import run_suite
 
@@ -234,14 +235,6 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _json_default(value):
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
-
-
 def rerender(path: Path) -> Path:
     """The .md of a results .json again, the noise rule (:func:`floor_pays`) applied to it."""
     results = json.loads(path.read_text())
@@ -281,7 +274,7 @@ def main(argv: list | None = None) -> int:
                 results["models"][name] = {"skipped": f"{type(exc).__name__}: {exc}"}
     stem = args.name or f"int8-floor-{started.strftime('%Y-%m-%d')}"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=measure_fidelity.json_default) + "\n")
     text = markdown(results)
     (args.out / f"{stem}.md").write_text(text + "\n")
     print(text)

@@ -42,7 +42,6 @@ import argparse
 import fcntl
 import hashlib
 import json
-import math
 import os
 import shlex
 import shutil
@@ -54,7 +53,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import anchors
-import inputs
 import measure_fidelity
 import run_suite
 import suite_report
@@ -358,16 +356,10 @@ def result_row(bench_row: dict, times: dict, name: str, report: dict | None, tar
 
 
 def measure_model(name: str, args, work: Path) -> dict:
-    record = {"model": name, "load_before": [round(x, 2) for x in os.getloadavg()]}
     start = time.perf_counter()
-    try:
-        src = inputs.model_path(name)
-    except Exception as exc:  # noqa: BLE001 - a model that cannot be had is a skipped row
-        record["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    record, src, data, calib = measure_fidelity.suite_model(name, args, work)
+    if src is None:
         return record
-    data = inputs.build(name, n_calib=args.calib, n_eval=args.eval, path=src)
-    calib = run_suite.save_calib(data.calib, work / f"{name}.calib.npz")
-    record.update(source=run_suite.source(name), calib_samples=len(data.calib), eval_samples=len(data.eval))
 
     run_suite.log(f"{name}: plan (goal latency)")
     plan = record["plan"] = run_plan(src, calib, work, f"{name}.plan", args)
@@ -463,7 +455,7 @@ def resummarize(results: dict) -> dict:
 
 def write(results: dict, stem: Path) -> None:
     stem.with_suffix(".json").write_text(json.dumps(measure_fidelity._finite(results), indent=2,
-                                                    default=measure_fidelity._json_default))
+                                                    default=measure_fidelity.json_default))
     stem.with_suffix(".md").write_text(markdown(results) + "\n")
 
 
