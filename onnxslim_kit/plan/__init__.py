@@ -61,6 +61,7 @@ class PlanResult:
     measured: int = 0  # goal memory: peaks measured in this run (0: all from the cache)
     profiles: dict = field(default_factory=dict)  # profile=True: {"original", "chosen"} latency by op
     executor: dict = field(default_factory=dict)  # where it ran: {"name"} (ray: its address and tasks)
+    sensitivity: dict = field(default_factory=dict)  # the mix's per-layer estimate (:func:`.mix.search`)
 
 
 def _mark_duplicates(candidates: list) -> None:
@@ -149,11 +150,12 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
     cache = timing_cache if timing_cache is not None else TimingCache()
     machine = machine_fields(full_provider, threads)
     executor = executor if executor is not None else LocalExecutor()
+    sensitivity = {}
     with executor:
         candidates, stopped = executor.candidates(model, pipelines, settings, budget_s, progress, log)
         if mix_search and not stopped:
             deadline = None if budget_s is None else start + budget_s
-            candidates += mix.search(model, candidates, settings, executor, log, deadline)
+            candidates += mix.search(model, candidates, settings, executor, log, deadline, record=sensitivity)
         _mark_duplicates(candidates)
         samples = []
         if goal != "size" or profile:
@@ -174,4 +176,4 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
     return PlanResult(candidates, chosen, pareto_front(candidates), plan_settings, timed=timed,
                       cache_hits=cache.hits, seconds=time.perf_counter() - start, budget_stopped=stopped,
                       reference={"size_bytes": first.before.get("bytes"), **reference}, measured=measured,
-                      profiles=profiles, executor=executor.describe())
+                      profiles=profiles, executor=executor.describe(), sensitivity=sensitivity)

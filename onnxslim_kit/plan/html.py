@@ -14,8 +14,11 @@ Nothing is fetched: no CDN, no font, no image file; the charts are drawn in Pyth
 3. fidelity per output view of each lossy candidate (its last lossy pass's views on held-out
    samples): cosine and decision agreement, one chart each where present, with the target as a
    dashed line on the metric it names;
-4. size by op type of the original and of the chosen model (:func:`.profile.size_by_op`);
-5. latency by op type before and after (:func:`.profile.op_latency`, ORT's profiler).
+4. per-layer sensitivity, where the plan searched a per-layer mix (:mod:`.mix`): each
+   MatMul/Gemm layer's loss at the outputs when it alone is dynamic int8, the layers the mix
+   keeps float in another colour (the most sensitive ``SENSITIVITY_BARS`` layers);
+5. size by op type of the original and of the chosen model (:func:`.profile.size_by_op`);
+6. latency by op type before and after (:func:`.profile.op_latency`, ORT's profiler).
 
 The script sets ``data-ready="1"`` on ``<body>`` when it has run (a headless browser test checks
 that the scripts ran and that the console stayed clean).
@@ -159,6 +162,24 @@ def _fidelity(result) -> str:
     return "\n".join(charts)
 
 
+SENSITIVITY_BARS = 24
+
+
+def _sensitivity(result) -> str:
+    layers = (result.sensitivity or {}).get("layers") or []
+    if not layers:
+        return ('<p class="note">Not estimated: the per-layer estimate is made when the plan searches a '
+                'per-layer mix (fuse,dynamic tried and missing the target).</p>')
+    top = sorted(layers, key=lambda r: -r["loss"])[:SENSITIVITY_BARS]
+    rows = [(r["layer"], {"float" if r["float"] else "dynamic": r["loss"]}) for r in top]
+    chart = svg.bars(rows, [("float", "#c0392b"), ("dynamic", "#4a7bd0")], "loss at the outputs (1 − cosine)",
+                     "per-layer sensitivity to dynamic int8")
+    kept = sum(r["float"] for r in layers)
+    return chart + (f'<p class="note">Each layer alone in dynamic int8, on fit calibration samples; the '
+                    f'{min(len(layers), SENSITIVITY_BARS)} most sensitive of {len(layers)} shown. Red: '
+                    f'kept float by the mix found ({kept} layers).</p>')
+
+
 def _by_op(before: dict, after: dict, scale: float, unit: str, title: str, limit: int = 16) -> str:
     ops = sorted(set(before) | set(after), key=lambda op: -max(before.get(op, 0), after.get(op, 0)))[:limit]
     rows = [(op, {"original": before.get(op, 0) / scale, "chosen": after.get(op, 0) / scale}) for op in ops]
@@ -183,6 +204,7 @@ def page(result, original) -> str:
                f"chosen {result.chosen.display}; planned in {result.seconds:.1f} s")
     sections = [("Candidates", _table(result)), ("Pareto front", _front(result)),
                 ("Fidelity per view (held-out samples)", _fidelity(result)),
+                ("Per-layer sensitivity", _sensitivity(result)),
                 (f"Size by op: original vs {result.chosen.display}", size),
                 (f"Latency by op: original vs {result.chosen.display}", latency)]
     body = "\n".join(f"<section><h2>{escape(t)}</h2>\n{html}\n</section>" for t, html in sections)

@@ -90,10 +90,12 @@ def bisect(count: int, holds) -> tuple:
 
 
 def search(model, candidates: list, settings: dict, executor, log, deadline: float | None = None,
-           errors_of=None) -> list:
+           errors_of=None, record: dict | None = None) -> list:
     """``[the mix candidate]`` or ``[]`` (module docstring). ``deadline``: a ``time.perf_counter()``
     value after which no trial starts. ``errors_of(proto, samples)``: the estimate (default
-    :func:`.gated.layer_losses`, end to end; :func:`.sensitivity.layer_errors` is the local one)."""
+    :func:`.gated.layer_losses`, end to end; :func:`.sensitivity.layer_errors` is the local one).
+    ``record``: filled with the estimate when it was made — ``{"layers": [{"layer", "loss",
+    "float"}, …]}`` in graph order (``float``: kept float by the mix found) — for the report."""
     from .gated import layer_losses
     from .sensitivity import dynamic_layers
 
@@ -122,6 +124,9 @@ def search(model, candidates: list, settings: dict, executor, log, deadline: flo
         return None if candidate.error else bool(candidate.usable)
 
     k, trace = bisect(len(ranked), holds)
+    if record is not None:
+        kept = set(ranked[:k]) if k is not None else set()
+        record["layers"] = [{"layer": n, "loss": float(errors[n]), "float": n in kept} for n in order if n in errors]
     if k is None:
         return []
     mix = tried[k]

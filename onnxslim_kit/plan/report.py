@@ -85,7 +85,8 @@ def to_dict(result) -> dict:
             "candidates": [c.to_dict() for c in result.candidates], "reference": result.reference,
             "timed": result.timed, "measured": result.measured, "profiles": result.profiles,
             "cache_hits": result.cache_hits, "seconds": round(result.seconds, 3),
-            "budget_stopped": result.budget_stopped, "executor": result.executor}
+            "budget_stopped": result.budget_stopped, "executor": result.executor,
+            "sensitivity": result.sensitivity}
 
 
 def to_json(result) -> str:

@@ -161,6 +161,21 @@ def test_plan_adds_the_mix_that_keeps_only_the_outlier_layer_float(files):
     assert found.timing is not None  # timed with the others
     assert any("tried" in n and "k=1 met" in n for n in found.notes)
     assert sum(1 for c in result.candidates if c.pipeline.startswith("fuse,dynamic(")) == 1
+    layers = result.sensitivity["layers"]
+    assert len(layers) == 3 and [r["layer"] for r in layers if r["float"]] == ["outlier"]
+    assert max(layers, key=lambda r: r["loss"])["layer"] == "outlier"
+
+
+def test_the_page_plots_the_sensitivity_with_the_float_layers_apart(files):
+    from onnxslim_kit.plan import html
+
+    model, calib = files
+    result = plan(model, calib=str(calib), pipelines="fuse;fuse,dynamic", runs=3, warmup=1)
+    section = html._sensitivity(result)
+    assert section.startswith("<svg") and section.count('class="mark"') == 3
+    assert section.count('fill="#c0392b"') == 1 + 1  # the outlier's bar and its legend swatch
+    result.sensitivity = {}
+    assert "Not estimated" in html._sensitivity(result)
 
 
 def test_no_mix_is_searched_when_dynamic_already_holds(files, tmp_path):
