@@ -18,6 +18,14 @@
   profiler: channel pruning makes only that part faster, so ``1 / (1 − share)`` bounds the
   speed-up of removing every conv outright.
 
+* ``margins`` — decision agreement on samples a pass never saw is bounded by the original's own
+  margins there: a Softmax row whose top-vs-runner-up log-odds m is smaller than how far a pass
+  moves them flips, whatever the held-out samples said. Per model, the smallest m of the
+  original on the held-out calibration samples (every 4th of ``--calib``), on all of them and
+  on the evaluation samples (another stream of ``inputs.py``), and, for each pipeline written
+  with those calibration samples, how far it moves the margin of the evaluation sample closest
+  to a tie and whether that decision flipped (:mod:`onnxslim_kit.fidelity.margins`).
+
 Results: ``benchmarks/results/floors-<name>.md`` with this command at the top.
 """
 
@@ -56,6 +64,10 @@ def parse_args(argv):
     parser.add_argument("--time-models", default="silero_vad,mtcnn_pnet")
     parser.add_argument("--runs", type=int, default=300, help="profiled runs per model (time)")
     parser.add_argument("--min-weights", type=int, default=16, help="cluster: smallest weight clustered")
+    parser.add_argument("--margin-models", default="ppocr_cls_v2,orientation,mtcnn_onet")
+    parser.add_argument("--margin-pipelines", default="fuse,fp16;fuse,int8;fuse,prune;fuse,prune,int8")
+    parser.add_argument("--calib", type=int, default=128, help="margins: calibration samples (every 4th held out)")
+    parser.add_argument("--eval", type=int, default=32, help="margins: evaluation samples")
     parser.add_argument("--name", default=f"floors-{datetime.now(timezone.utc):%Y-%m-%d}")
     return parser.parse_args(argv)
 
@@ -93,14 +105,61 @@ def fused(name: str) -> onnx.ModelProto:
     return proto
 
 
-def written_bytes(name: str, pipeline: str, calib: list, work: Path) -> int:
-    """Bytes of the file the CLI writes for ``pipeline``, calibrated on ``calib``."""
+def written_model(name: str, pipeline: str, calib: list, work: Path) -> Path | None:
+    """The file the CLI writes for ``pipeline``, calibrated on ``calib`` (None: it failed)."""
     npz = work / f"{name}.calib.npz"
     np.savez(npz, **{k: np.stack([s[k] for s in calib]) for k in calib[0]})
     out = work / f"{name}.{pipeline.replace(',', '_')}.onnx"
     code = os.system(f"{sys.executable} -m onnxslim_kit {inputs.model_path(name)} --passes '{pipeline}' "
                      f"--calib {npz} -o {out} -q")
-    return out.stat().st_size if code == 0 and out.exists() else -1
+    return out if code == 0 and out.exists() else None
+
+
+def written_bytes(name: str, pipeline: str, calib: list, work: Path) -> int:
+    """Bytes of the file the CLI writes for ``pipeline``, calibrated on ``calib``."""
+    out = written_model(name, pipeline, calib, work)
+    return out.stat().st_size if out is not None else -1
+
+
+def softmax_rows(path, samples: list) -> list:
+    """Per sample, the rows ``[rows, classes]`` of the model's first whole-output Softmax view."""
+    from onnxslim_kit.fidelity.views import find_views
+
+    name = next(v.output for v in find_views(onnx.load(str(path))) if v.kind == "probs" and v.branch is None)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rows = []
+    for feed in samples:
+        y = session.run([name], feed)[0]
+        rows.append(y.reshape(-1, y.shape[-1]))
+    return rows
+
+
+def margin_floor(name: str, pipelines: list, n_calib: int, n_eval: int, work: Path) -> dict:
+    """The ``margins`` section's figures for one model (module docstring)."""
+    from onnxslim_kit.fidelity.margins import margins_and_shifts
+
+    data = inputs.build(name, n_calib=n_calib, n_eval=n_eval)
+    src = inputs.model_path(name)
+
+    def smallest(rows):
+        return [float(margins_and_shifts(r, r)[0].min()) for r in rows]
+
+    calib, evaluation = smallest(softmax_rows(src, data.calib)), smallest(softmax_rows(src, data.eval))
+    closest = int(np.argmin(evaluation))
+    reference = softmax_rows(src, [data.eval[closest]])[0]
+    out = {"held-out": min(calib[3::4]), "calibration": min(calib), "eval": evaluation[closest],
+           "eval below 1 nat": int(np.sum(np.array(evaluation) < 1.0)), "pipelines": {}}
+    for pipeline in pipelines:
+        path = written_model(name, pipeline, data.calib, work)
+        if path is None:
+            out["pipelines"][pipeline] = None
+            continue
+        got = softmax_rows(path, [data.eval[closest]])[0]
+        row = int(np.argmin(margins_and_shifts(reference, reference)[0]))
+        shift = float(margins_and_shifts(reference[row:row + 1], got[row:row + 1])[1][0])
+        out["pipelines"][pipeline] = {"shift": shift,
+                                      "flipped": bool(np.argmax(reference[row]) != np.argmax(got[row]))}
+    return out
 
 
 def int8_floor(proto: onnx.ModelProto) -> dict:
@@ -207,6 +266,23 @@ def main(argv=None) -> int:
                              f"{t['bound']:.2f}× | {top} |")
             lines += ["", "Kernel times of nodes inside If bodies are counted in the If's own time as well, "
                       "so the largest-kernel list can add up to more than the run.", ""]
+        if "margins" in sections:
+            pipelines = [p for p in args.margin_pipelines.split(";") if p]
+            lines += ["## Decision margins: what held-out samples cannot show", "",
+                      f"Smallest top-vs-runner-up log-odds (nats) of the original, and how far each pipeline "
+                      f"(written with the {args.calib} calibration samples) moves the margin of the evaluation "
+                      f"sample closest to a tie (of {args.eval}).", "",
+                      "| model | held-out min | calibration min | eval min | eval rows < 1 nat | "
+                      + " | ".join(f"`{p}` shift (flipped?)" for p in pipelines) + " |",
+                      "|---|---:|---:|---:|---:|" + "---:|" * len(pipelines)]
+            for name in [m for m in args.margin_models.split(",") if m]:
+                f = margin_floor(name, pipelines, args.calib, args.eval, work)
+                cells = [("failed" if r is None else f"{r['shift']:.3f} ({'yes' if r['flipped'] else 'no'})")
+                         for r in (f["pipelines"][p] for p in pipelines)]
+                lines.append(f"| {name} | {f['held-out']:.3f} | {f['calibration']:.3f} | {f['eval']:.3f} | "
+                             f"{f['eval below 1 nat']} | " + " | ".join(cells) + " |")
+                print(f"{name}: margins done", file=sys.stderr)
+            lines.append("")
     out.write_text("\n".join(lines))
     print(out.read_text())
     return 0

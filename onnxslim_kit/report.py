@@ -164,6 +164,8 @@ def _view_text(view: dict) -> str:
         parts.append(f"cos {view['cosine']:.6f}" if isinstance(view["cosine"], float) else f"cos {view['cosine']}")
     if "agreement" in view:
         parts.append(f"agree {view['agreement'] * 100:.1f}%")
+    if "margin_shift" in view and "min_margin" in view:
+        parts.append(f"margins moved ≤ {view['margin_shift']:.2g} nats, closest {view['min_margin']:.2g}")
     return f"{view['view']} {' '.join(parts)} (worst sample {view['worst_sample']})"
 
 

@@ -5,7 +5,8 @@ Per view, over the judged samples s (reference y, candidate ŷ restricted to the
     cosine     = min_s  ⟨y_s, ŷ_s⟩ / (‖y_s‖ ‖ŷ_s‖)                      (float views)
     rel        = max_s  max|y_s − ŷ_s| / max|y_s|                        (float views)
     agreement  = Σ_s |A_s ∩ Â_s| / Σ_s |A_s ∪ Â_s|,  A = {i : y_i > 0.25}   (scores)
-               = share of softmax rows whose arg-max agrees, over all samples (probs)
+               = min(share of softmax rows whose arg-max agrees, over all samples,
+                     the margin estimate of :mod:`.margins`)                (probs)
                = share of equal elements, over all samples                (exact)
 
 A non-finite value where the reference is finite (or the other way round) makes that sample's
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .margins import estimated_agreement, margins_and_shifts
 from .target import Target
 from .views import SCORE_THRESHOLD, View, Views
 
@@ -34,10 +36,13 @@ class ViewScore:
     rel: float | None = None
     agreement: float | None = None
     worst_sample: int = 0
+    observed: float | None = None  # probs: the counted share, before the margin estimate
+    margin_shift: float | None = None  # probs: the largest move of a top-vs-runner-up margin (nats)
+    min_margin: float | None = None  # probs: the original's smallest such margin on the judged rows
 
     def to_dict(self) -> dict:
         out = {"view": self.view, "kind": self.kind, "worst_sample": self.worst_sample}
-        for key in ("cosine", "rel", "agreement"):
+        for key in ("cosine", "rel", "agreement", "observed", "margin_shift", "min_margin"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = round(value, 6) if math.isfinite(value) else str(value)
@@ -188,7 +193,7 @@ def _part(view: View, views: Views, ref: np.ndarray, got: np.ndarray, runtime: d
 def _score(view: View, views: Views, reference: list, candidate: list, runtime: list | None) -> ViewScore:
     score = ViewScore(view.name, view.kind)
     cosines, rels, hits, total = [], [], 0, 0
-    per_sample_agreement = []
+    per_sample_agreement, margins, shifts = [], [], []
     for i, (ref_out, got_out) in enumerate(zip(reference, candidate)):
         if view.output not in got_out:
             cosines.append(0.0), rels.append(math.inf), per_sample_agreement.append(0.0)
@@ -204,14 +209,20 @@ def _score(view: View, views: Views, reference: list, candidate: list, runtime: 
             cosines.append(cos)
             rels.append(rel)
         if view.decides:
-            agree, count = _decisions(view, ref, got, labels)
+            agree, count, margin, shift = _decisions(view, ref, got, labels)
             hits, total = hits + agree, total + count
             per_sample_agreement.append(agree / count if count else 1.0)
+            margins.append(margin), shifts.append(shift)
     if cosines:
         score.cosine, score.rel = min(cosines), max(rels)
         score.worst_sample = int(np.argmin(cosines))
     if view.decides:
         score.agreement = hits / total if total else 1.0
+        margins, shifts = (np.concatenate(margins), np.concatenate(shifts)) if margins else (np.zeros(0),) * 2
+        if view.kind == "probs" and margins.size:
+            score.observed = score.agreement
+            score.agreement = min(score.agreement, estimated_agreement(margins, shifts))
+            score.margin_shift, score.min_margin = float(shifts.max()), float(margins.min())
         if not cosines and per_sample_agreement:
             score.worst_sample = int(np.argmin(per_sample_agreement))
     return score
@@ -237,33 +248,53 @@ def _float_drift(ref: np.ndarray, got: np.ndarray) -> tuple:
 
 
 def _decisions(view: View, ref: np.ndarray, got: np.ndarray, labels: dict | None) -> tuple:
-    """(agreeing, counted) decisions of one sample."""
+    """(agreeing, counted, margins, shifts) of one sample's decisions; margins and shifts
+    (:mod:`.margins`) of the counted softmax rows, empty for other kinds."""
+    none = np.zeros(0)
     if view.kind == "exact":
-        return int(np.sum(ref == got)), int(ref.size)
+        return int(np.sum(ref == got)), int(ref.size), none, none
     if view.kind == "scores":
         a, b = ref > SCORE_THRESHOLD, got > SCORE_THRESHOLD
-        return int(np.sum(a & b)), int(np.sum(a | b))
-    if labels is not None:  # probs through a layout tail: rows and classes from the labels
+        return int(np.sum(a & b)), int(np.sum(a | b)), none, none
+    if ref.ndim == 0 and labels is None:
+        return 1, 1, none, none
+    ref_rows, got_rows = _softmax_rows(view, ref, got, labels)
+    if ref_rows is None:  # rows of unequal length (a tail that mixes them): arg-max by labels only
         a, b = _row_winners(ref.ravel(), got.ravel(), labels["row"].ravel(), labels["cls"].ravel())
-    elif ref.ndim == 0:
-        return 1, 1
-    else:
+        keep = _foreground(a, b)
+        return int(np.sum(a[keep] == b[keep])), int(keep.sum()), none, none
+    a, b = np.argmax(ref_rows, axis=1), np.argmax(got_rows, axis=1)
+    keep = _foreground(a, b)
+    margin, shift = margins_and_shifts(ref_rows[keep], got_rows[keep])
+    return int(np.sum(a[keep] == b[keep])), int(keep.sum()), margin, shift
+
+
+def _softmax_rows(view: View, ref: np.ndarray, got: np.ndarray, labels: dict | None) -> tuple:
+    """The sample's softmax rows as ``[rows, classes]`` arrays (reference, candidate), or
+    ``(None, None)`` when labelled rows differ in length."""
+    if labels is None:
         axis = view.axis if view.axis is not None else -1
-        a, b = np.argmax(ref, axis=axis).ravel(), np.argmax(got, axis=axis).ravel()
-    return _foreground_agreement(a, b)
+        classes = ref.shape[axis]
+        return (np.moveaxis(ref, axis, -1).reshape(-1, classes), np.moveaxis(got, axis, -1).reshape(-1, classes))
+    rows, cls = labels["row"].ravel(), labels["cls"].ravel()
+    order = np.lexsort((cls, rows))
+    _, counts = np.unique(rows, return_counts=True)
+    if counts.size == 0 or np.any(counts != counts[0]):
+        return None, None
+    shape = (counts.size, int(counts[0]))
+    return ref.ravel()[order].reshape(shape), got.ravel()[order].reshape(shape)
 
 
-def _foreground_agreement(a: np.ndarray, b: np.ndarray) -> tuple:
-    """(agreeing, counted) arg-max decisions of one sample. With several softmax rows (a map, a
-    sequence: at least :data:`FOREGROUND_MIN_ROWS`) the rows where both pick the reference's most frequent class — background,
-    CTC blank — are not counted: 20 flipped face pixels of 85 hide at 0.9994 among a face map's
-    background pixels (MTCNN P-Net), a changed character among a line's blanks."""
-    if a.size >= FOREGROUND_MIN_ROWS:
-        values, counts = np.unique(a, return_counts=True)
-        background = values[np.argmax(counts)]
-        keep = (a != background) | (b != background)
-        a, b = a[keep], b[keep]
-    return int(np.sum(a == b)), int(a.size)
+def _foreground(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The rows whose arg-max decisions count. With several softmax rows (a map, a sequence: at
+    least :data:`FOREGROUND_MIN_ROWS`) the rows where both pick the reference's most frequent
+    class — background, CTC blank — are not counted: 20 flipped face pixels of 85 hide at 0.9994
+    among a face map's background pixels (MTCNN P-Net), a changed character among a line's blanks."""
+    if a.size < FOREGROUND_MIN_ROWS:
+        return np.ones(a.size, bool)
+    values, counts = np.unique(a, return_counts=True)
+    background = values[np.argmax(counts)]
+    return (a != background) | (b != background)
 
 
 def _row_winners(ref, got, rows, cls) -> tuple:

@@ -1,0 +1,82 @@
+"""The margin estimate of decision agreement (onnxslim_kit.fidelity.margins) and its use by judge."""
+
+import numpy as np
+import pytest
+
+from onnxslim_kit.fidelity.judge import judge
+from onnxslim_kit.fidelity.margins import estimated_agreement, log_probs, margins_and_shifts
+from onnxslim_kit.fidelity.target import Target
+from onnxslim_kit.fidelity.views import View, Views
+
+
+def _softmax(logits):
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _two_class(margins):
+    """Softmax rows [p0, p1] whose top-vs-rival log-odds are ``margins`` (class 0 on top)."""
+    return _softmax(np.stack([np.asarray(margins, np.float64), np.zeros(len(margins))], axis=-1))
+
+
+def test_margins_and_shifts_read_log_odds():
+    ref = _two_class([3.0, 0.5])
+    got = _two_class([2.0, 0.75])
+    margin, shift = margins_and_shifts(ref, got)
+    assert margin == pytest.approx([3.0, 0.5], abs=1e-5)
+    assert shift == pytest.approx([1.0, 0.25], abs=1e-5)
+    logs = np.log(ref.astype(np.float64))
+    assert margins_and_shifts(logs, np.log(got.astype(np.float64)))[0] == pytest.approx(margin, abs=1e-6)
+    assert np.array_equal(log_probs(logs), logs)  # LogSoftmax outputs are taken as they are
+
+
+def test_exact_outputs_estimate_full_agreement():
+    ref = _two_class(np.linspace(0.01, 5.0, 40))
+    assert estimated_agreement(*margins_and_shifts(ref, ref.copy())) == 1.0
+    assert estimated_agreement(np.zeros(0), np.zeros(0)) == 1.0
+
+
+def test_estimate_counts_shift_margin_pairs():
+    margins = np.array([0.05, 2.0, 4.0, 6.0])
+    shifts = np.array([1.0, 1.0, 3.0, 0.0])  # meets 1, 1, 2, 0 margins below it
+    assert estimated_agreement(margins, shifts) == pytest.approx(1.0 - 4 / 16)
+
+
+def _probs_views():
+    return Views([View("p", "probs", axis=-1)], {}, {})
+
+
+def test_a_move_behind_a_saturated_softmax_fails_the_target_though_no_decision_flipped():
+    # 32 samples: one is a near coin flip (margin 0.05), the rest are sure (4..9 nats). The
+    # candidate leaves the coin flip alone and moves every sure margin by 2 nats: all 32
+    # decisions agree and the probability cosine stays near 1, but a 2-nat move meets the
+    # coin-flip margin on a sample not seen about one time in 32.
+    margins = np.concatenate([[0.05], np.linspace(4.0, 9.0, 31)])
+    moved = np.where(margins < 1, margins, margins + 2.0)
+    reference = [{"p": _two_class([m])} for m in margins]
+    candidate = [{"p": _two_class([m])} for m in moved]
+    verdict = judge(_probs_views(), reference, candidate, Target.parse("cos:0.99"))
+    score = verdict.scores[0]
+    assert score.observed == 1.0
+    assert score.cosine > 0.999
+    assert score.agreement == pytest.approx(1.0 - 31 / 32**2, abs=1e-6)
+    assert not verdict.met()
+    assert "agreement" in verdict.binding
+
+
+def test_completing_with_the_reference_bounds_the_estimate():
+    rng = np.random.default_rng(0)
+    margins = rng.uniform(0.0, 3.0, 16)
+    reference = [{"p": _two_class([m])} for m in margins]
+    candidate = [{"p": _two_class([m + rng.normal(0, 0.5)])} for m in margins]
+    views, target = _probs_views(), Target.parse("cos:0.99")
+    final = judge(views, reference, candidate, target).scores[0].agreement
+    for seen in range(1, len(reference)):
+        bound = judge(views, reference, candidate[:seen] + reference[seen:], target).scores[0].agreement
+        assert bound >= final - 1e-12
+
+
+def test_single_class_rows_have_no_margin():
+    ref = np.ones((5, 1), np.float32)
+    margin, shift = margins_and_shifts(ref, ref)
+    assert margin.size == 0 and shift.size == 0
