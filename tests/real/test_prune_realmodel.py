@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -118,14 +120,22 @@ def test_ppocr_rec_strip_is_lossless():
 @pytest.mark.realmodel
 def test_ppocr_cls_bare_prune_removes_what_the_target_allows():
     """Bare ``prune`` (issue 18): the amount searched under cos:0.99, judged on the held-out
-    quarter of the calibration samples; measured again here on those samples."""
+    quarter of the calibration samples; measured again here on those samples. Real rendered
+    text lines (the benchmarks' inputs): on Gaussian noise every decision of this model is a
+    near tie, and the margin estimate (fidelity/margins.py) rightly allows no pruning at all."""
+    import importlib
+    import sys
+
     import onnxslim_kit
     from onnxslim_kit.zoo import fetch
 
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        calib = importlib.import_module("inputs").build("ppocr_cls_v2", n_calib=32, n_eval=1).calib
+    finally:
+        sys.path.remove(bench)
     proto = load_proto(fetch("ppocr_cls_v2"))
-    name = input_specs(proto)[0].name
-    rng = np.random.default_rng(3)
-    calib = [{name: rng.standard_normal((1, 3, 48, 192)).astype(np.float32)} for _ in range(32)]
     out, report = onnxslim_kit.optimize(proto, "fuse,prune", calib=calib)
     entry = report.passes[-1]
     onnx.checker.check_model(out, full_check=True)
