@@ -14,7 +14,10 @@ there on no whole-model copy of the weights is made:
    from their own files (the session's external-initializer folder), so nothing is copied;
 4. :func:`write_external` writes the output tensor by tensor: anchored tensors are copied
    from their source file in chunks, in-memory ones one at a time — the output's data file
-   grows incrementally, no serialized copy of the model is ever built.
+   grows incrementally, no serialized copy of the model is ever built;
+5. :class:`ScratchArrays` — values a pass makes and needs all at once for a session's runs
+   (int4's emulation of its mixed-precision choice feeds every layer's dequantized weight)
+   are written to an unlinked scratch file and read back as maps: file pages, not heap.
 
 The input files are only ever opened for reading.
 """
@@ -25,6 +28,7 @@ import contextlib
 import mmap
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +189,45 @@ def release_pages(values) -> bool:
         return False
     handle.madvise(advice)
     return True
+
+
+class ScratchArrays:
+    """Arrays written once to an unlinked temporary file (``folder``: the system's temporary
+    folder if None) and read back as read-only maps (:meth:`put`): for values a step needs all
+    at once across a session's runs — fed as graph inputs, which ONNX Runtime reads where they
+    lie — held as file pages (clean: the kernel drops them under pressure; a map's pages count
+    in the process's RSS only while read, :meth:`release` drops them) instead of heap. The file
+    goes with :meth:`close` or the process, whichever is first."""
+
+    PAGE = 4096
+
+    def __init__(self, folder=None):
+        self._fh = tempfile.TemporaryFile(prefix="slim-scratch-", dir=folder)
+        self._end = 0
+        self._maps: list = []
+
+    def put(self, array) -> np.ndarray:
+        """A read-only map of a copy of ``array`` in the file (an empty array as it is)."""
+        array = np.ascontiguousarray(array)
+        if array.size == 0:
+            return array
+        start = -(-self._end // self.PAGE) * self.PAGE
+        self._fh.seek(start)
+        self._fh.write(memoryview(array.reshape(-1).view(np.uint8)))
+        self._fh.flush()
+        self._end = start + array.nbytes
+        mapped = np.memmap(self._fh, dtype=array.dtype, mode="r", offset=start, shape=array.shape)
+        self._maps.append(mapped)
+        return mapped
+
+    def release(self) -> None:
+        """Drop the resident pages of every map from the process (:func:`release_pages`)."""
+        for mapped in self._maps:
+            release_pages(mapped)
+
+    def close(self) -> None:
+        self._maps = []
+        self._fh.close()
 
 
 def _file_source(values) -> tuple | None:

@@ -31,8 +31,10 @@ yet their relative error is middling; the FFN output layers have tiny relative e
 GPTQ that does not carry over to held-out sentences); why not measure all: on a 2.78 GB
 decoder, 145 candidates × 8 single-thread forward passes took 1,638 s of a 1,692 s pass.
 All sensitivity runs share one ONNX Runtime session: the candidate weights are graph inputs
-with their float values as defaults (initializers that are also inputs can be fed), so each
-run feeds one dequantized weight.
+(:func:`weights_as_inputs`), fed their float values — read-only maps of the weights' file for
+a model left on disk, which ORT reads in place — and each run feeds one dequantized weight
+instead of one of them. (As initializers that are also inputs, with their float values as
+defaults, ORT copied every candidate weight into the session: 1 GB of heap for a 933 MB decoder.)
 
 Measured on a 279 MB decoder (12 pre-LN layers, 73 candidates, 10 classes; verification
 cosine on 8 samples; CPU seconds of the whole ``fuse,int4(...)`` run, shared machine): RTN
@@ -54,6 +56,7 @@ import onnx
 from onnxslim_kit.api import Target
 from onnxslim_kit.fidelity import judge
 from onnxslim_kit.runtime import make_session, prepare_feed
+from onnxslim_kit.streaming import copy_fields, tensor_array
 
 INT8_BLOCK = 128
 
@@ -83,11 +86,11 @@ def sensitivities(proto: onnx.ModelProto, candidates: dict, samples: list, views
     (:class:`onnxslim_kit.fidelity.Views`): the loss sums ``1 − cos`` over the output views
     (each branch of a concatenated head on its own scale) instead of over whole outputs — when
     every tensor the views' labels need is in ``proto`` (else whole outputs)."""
-    proto = _weights_as_inputs(proto, list(candidates))
+    proto, floats = weights_as_inputs(proto, list(candidates))
     views = views if views is not None and _labelled(proto, views) else None
     extra = [n for n in views.runtime_tensors] if views is not None else []
-    session = make_session(proto, "basic", threads=1, arena=False, extra_outputs=extra or None)
-    feeds = [prepare_feed(session, s) for s in samples]
+    session = make_session(proto, "basic", threads=1, arena=False, extra_outputs=extra or None, prepack=False)
+    feeds = [{**prepare_feed(session, s), **floats} for s in samples]
     outputs = [o.name for o in session.get_outputs()]
     refs = [dict(zip(outputs, session.run(outputs, f))) for f in feeds]
     runtime = [{n: r[n] for n in extra} for r in refs]
@@ -172,16 +175,23 @@ def predicted(measured: dict, proxies: dict, classes: dict) -> dict:
             for m, p in proxies.items()}
 
 
-def _weights_as_inputs(proto: onnx.ModelProto, names: list) -> onnx.ModelProto:
+def weights_as_inputs(proto: onnx.ModelProto, names: list) -> tuple:
+    """``(a copy of proto whose initializers ``names`` are graph inputs instead, {name: values})``:
+    each run feeds them (ONNX Runtime reads a fed array where it lies; an initializer that is
+    also an input it copies into its own memory — the weights once more). The values: a
+    read-only map of the file for a weight left on disk, else the proto's bytes (one copy)."""
     out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    inits = {t.name: t for t in out.graph.initializer}
-    existing = {i.name for i in out.graph.input}
-    for name in names:
-        if name not in existing:
-            t = inits[name]
-            out.graph.input.append(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
-    return out
+    copy_fields(proto, out, skip=("graph",))
+    copy_fields(proto.graph, out.graph, skip=("initializer",))
+    wanted, values, inputs = set(names), {}, {i.name for i in proto.graph.input}
+    for t in proto.graph.initializer:
+        if t.name in wanted:
+            values[t.name] = tensor_array(t)
+            if t.name not in inputs:
+                out.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            out.graph.initializer.append(t)
+    return out, values
 
 
 def _one_minus_cos(a: np.ndarray, b: np.ndarray) -> float:
