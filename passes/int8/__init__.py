@@ -33,7 +33,16 @@ Steps:
    SmoothQuant rebalancing (:mod:`onnxslim_kit.passes._quant.smooth`), the rebalanced inputs' statistics from
    the kept inputs (one run over the samples instead of two; a second run past 256 MB);
 6. safeguards mark tensors float; layers whose input must stay float stay float;
-7. with ``bias_correction``: per-channel mean output shift of every Conv/Gemm measured and
+7. with ``rounding=adaround`` (opt-in): each static Conv / Gemm / MatMul weight's codes
+   rounded up or down as learned on its float inputs over the first fit samples, on the
+   same grid and scales, never worse than nearest per output channel on those rows
+   (:mod:`onnxslim_kit.passes.int8.adaround`); the bias correction, the sensitivities
+   and every trial then read the learned codes. Measured (2026-12-02,
+   ``benchmarks/results/int8-adaround-2026-12-02.md``): 0.19–0.36 of the nearest weight
+   error on the fit rows, held-out worst cosine better on 3 of 4 models with every layer
+   static, but at the default target no fewer fallback layers (PP-OCRv4 det 20 → 5 static)
+   at 1.9–7.4× the pass's time — so not the default;
+   with ``bias_correction``: per-channel mean output shift of every Conv/Gemm measured and
    folded into its bias, and every layer's local error measured in the same run
    (:mod:`onnxslim_kit.passes.int8.correct`);
 8. with ``fallback`` and a target (``ctx.fidelity``: the pipeline's ``--target`` share, or
@@ -89,6 +98,7 @@ from onnxslim_kit.passes._quant.maths import calib
 from onnxslim_kit.passes.int8 import plan as plan_mod
 from onnxslim_kit.passes._quant import smooth as smooth_mod
 from onnxslim_kit.passes._common.graph import attr
+from onnxslim_kit.passes.int8 import adaround as adaround_mod
 from onnxslim_kit.passes.int8.cle import equalize
 from onnxslim_kit.passes.int8.correct import measure_twins
 from onnxslim_kit.passes.int8.bodies import restore_body_weights, store_body_weights
@@ -103,7 +113,7 @@ from onnxslim_kit.passes.int8.fallback import (
     trial_copy,
 )
 from onnxslim_kit.passes.int8.integer_io import make_integer_io
-from onnxslim_kit.passes.int8.options import check_ladder, check_target, parse_ladder
+from onnxslim_kit.passes.int8.options import ROUNDINGS, check_ladder, check_target, parse_ladder
 from onnxslim_kit.passes._quant.qdq import (
     RUNGS,
     activation_params,
@@ -183,6 +193,10 @@ class Int8Pass(Pass):
         "cle": Option(bool, False, "cross-layer equalization of (Conv → Relu →) Conv pairs before calibration"),
         "smooth": Option(float, 0.5, "SmoothQuant α: move activation outliers of MatMul/Gemm inputs into "
                          "the weights (0: off)"),
+        "rounding": Option(str, "nearest", "static weight codes: nearest, or adaround (learned up/down per "
+                           "weight on the fit samples' layer inputs, never worse than nearest per channel)",
+                           ROUNDINGS),
+        "adaround_iters": Option(int, adaround_mod.ITERS, "rounding=adaround: Adam steps per layer"),
         "bias_correction": Option(bool, True, "shift Conv/Gemm biases by the mean output error of quantization"),
         "sensitivity": Option(str, "auto", "layer ranking for the fallback: local (one run, per-layer "
                               "error), e2e (each layer alone in int8, scored at the outputs), hybrid (local, "
@@ -269,15 +283,17 @@ class Int8Pass(Pass):
         plan = self._plan(model, layers, stats, opts, per_channel, result)
         result.metrics["seconds_calibration"] = round(result.metrics.pop("seconds_calibration")
                                                       + time.perf_counter() - start, 2)
-        start = time.perf_counter()
         for spec in plan.layers:
             spec.unsmoothed = unsmoothed.get(spec.name)
+        learned = self._adaround(model, plan, ctx, result) if opts["rounding"] == "adaround" else {}
+        start = time.perf_counter()
         sensitivity = None
         if opts["bias_correction"] and any(s.op in ("Conv", "Gemm") and s.weight_index is not None
                                            for s in plan.layers):  # else nothing to correct (MatMul: no bias)
             plan.bias_shift, sensitivity = measure_twins(trial_copy(model), plan, self._eval_samples(ctx))
             result.metrics["bias_corrected"] = len(plan.bias_shift)
             result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
+            adaround_mod.store(model, plan, learned)  # the learned codes under the bias-corrected encodings
         fixed = self._grouped(model, plan, opts["grouped"], result)
         speed = opts["speed"] if opts["speed_check"] is None else ("model" if opts["speed_check"] else "off")
         result.metrics["speed"] = speed
@@ -304,6 +320,19 @@ class Int8Pass(Pass):
         result.metrics["layers_float"] = len(plan.layers) - len(enabled) - len(rungs)
         self._store_body_weights(model, ctx, fid, result)
         return result
+
+    def _adaround(self, model, plan, ctx, result) -> dict:
+        """Learned rounding of the static weights (:mod:`onnxslim_kit.passes.int8.adaround`) on
+        the first fit samples, stored in ``plan.encodings`` (the twins of the
+        bias correction and of the sensitivity ranking, the trials and the output use them)."""
+        start = time.perf_counter()
+        n = ctx.options["calib_samples"]
+        samples = ctx.feed.take(min(n, adaround_mod.SAMPLES) if n > 0 else adaround_mod.SAMPLES)
+        learned = adaround_mod.adaround(model, plan, samples, result,
+                                        iters=max(1, ctx.options["adaround_iters"]), progress=ctx.progress)
+        adaround_mod.store(model, plan, learned)
+        result.metrics["seconds_adaround"] = round(time.perf_counter() - start, 2)
+        return learned
 
     def _store_body_weights(self, model, ctx, fid, result) -> None:
         """If/Loop/Scan body weights stored int8, float compute (:mod:`onnxslim_kit.passes.int8.bodies`), kept

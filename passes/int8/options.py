@@ -6,6 +6,8 @@
 * ``ladder``: fallback rungs between static int8 and float, ``;``-separated, from int8 towards
   float, each in :data:`onnxslim_kit.passes._quant.qdq.RUNGS` (``none`` / ``float`` / empty
   ignored) → a list;
+* ``rounding``: one of :data:`ROUNDINGS` — ``nearest`` (``round(W / s)``) or ``adaround``
+  (learned up / down per weight, :mod:`onnxslim_kit.passes.int8.adaround`);
 * ``include`` / ``exclude``: :class:`onnxslim_kit.selection.Selector` texts (their own hook).
 
 The hooks :func:`check_target` and :func:`check_ladder` return the canonical *text* (so the
@@ -20,6 +22,8 @@ from onnxslim_kit.api import check_target as fidelity_check_target
 from onnxslim_kit.errors import UserError
 
 from onnxslim_kit.passes._quant.qdq import RUNGS
+
+ROUNDINGS = ("nearest", "adaround")  # static weight codes (the ``rounding`` option's choices)
 
 def check_target(text: str, where: str = "int8(target=...)") -> str:
     """Option hook: the target text in the fidelity syntax (:func:`onnxslim_kit.api.check_target`;
