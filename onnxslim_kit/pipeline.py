@@ -349,7 +349,7 @@ def _judging(original, resolved: list, feed, eval_feed, target, report: Report, 
     fidelity, verified_on = None, None
     if lossy:  # the passes fit one part of the data and are judged on the other
         feed, samples, verified_on, warning = split_feed(feed, eval_feed)
-        fidelity = Fidelity.build(original, target[0], samples, verified_on, metric=target[1])
+        fidelity = Fidelity.build(original, target[0], samples, verified_on, metric=target[1], pool_feed=feed)
         if warning:
             report.load_notes.append(warning)
             logger.warning(warning)

@@ -11,7 +11,8 @@ warns that a decision agreement of 0.99 cannot be told from 1.
 may reach (``allowed``), the output views (:mod:`.views`), the judged samples and the
 original's outputs on them (computed once, shared by the verifier and every pass). A pass asks
 ``ctx.fidelity.judge(outputs)`` (outputs of its candidate on ``ctx.fidelity.samples``) and
-``ctx.fidelity.met(verdict)``.
+``ctx.fidelity.met(verdict)``. The original's Softmax margins on the fit samples join the
+margin estimate of decision agreement (:attr:`Fidelity.margin_pool`, :mod:`.margins`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from .judge import Verdict, judge
+from .judge import Verdict, judge, reference_margins
 from .target import Target, share
 from .views import Views, find_views
 
 HOLD_OUT_EVERY = 4
 MIN_JUDGE_SAMPLES = 8
 MAX_JUDGE_SAMPLES = 32
+MAX_POOL_SAMPLES = 96  # fit samples whose original margins join the estimate's pool
 
 
 class FeedPart:
@@ -97,10 +99,12 @@ class Fidelity:
     metric: object = None  # a judge.UserMetric binding a metric:V target
     _reference: list | None = field(default=None, repr=False)
     _runtime: list | None = field(default=None, repr=False)
+    pool_feed: object = field(default=None, repr=False)  # the fit samples: the margin pool's source
+    _pool: dict | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, original, target, samples: list, judged_on: str = "", reference=None, runtime=None,
-              metric=None) -> Fidelity:
+              metric=None, pool_feed=None) -> Fidelity:
         target = Target.parse(target)
         if (target.metric == "metric") != (metric is not None) and target.metric != "none":
             from ..errors import UserError
@@ -108,7 +112,7 @@ class Fidelity:
             raise UserError("a metric:V target needs --metric module:function (optimize(metric=...)), and "
                             "--metric needs a metric:V target (default metric:0.99)")
         return cls(original, target, find_views(original), samples, judged_on, metric=metric,
-                   _reference=reference, _runtime=runtime)
+                   _reference=reference, _runtime=runtime, pool_feed=pool_feed)
 
     @property
     def reference(self) -> list:
@@ -122,12 +126,28 @@ class Fidelity:
         self.reference  # noqa: B018 - computes both
         return self._runtime
 
+    @property
+    def margin_pool(self) -> dict:
+        """The original's Softmax margins on up to :data:`MAX_POOL_SAMPLES` fit samples, per view
+        (:func:`.judge.reference_margins`; computed at the first use, only with a Softmax view):
+        the margins of samples the pass fits do not depend on it, and a near tie among them is a
+        decision the held-out ones may not show."""
+        if self._pool is None:
+            self._pool = {}
+            if self.pool_feed is not None and self.original is not None and any(
+                    v.kind == "probs" for v in self.views):
+                samples = self.pool_feed.take(MAX_POOL_SAMPLES)
+                if samples:
+                    reference, runtime = reference_outputs(self.original, samples, self.views)
+                    self._pool = reference_margins(self.views, reference, runtime)
+        return self._pool
+
     def judge(self, outputs: list, reference: list | None = None, runtime: list | None = None) -> Verdict:
         """``outputs``: the candidate's, one dict per sample of :attr:`samples` (or of the
         samples ``reference`` was computed on, with their ``runtime`` tensors)."""
         if reference is None:
             reference, runtime = self.reference, self.runtime
-        return judge(self.views, reference, outputs, self.target, runtime, self.metric)
+        return judge(self.views, reference, outputs, self.target, runtime, self.metric, self.margin_pool)
 
     def met(self, verdict: Verdict) -> bool:
         return verdict.met(self.allowed)

@@ -76,12 +76,15 @@ class Verdict:
 
 
 def judge(views: Views, reference: list, candidate: list, target: Target, runtime: list | None = None,
-          metric=None) -> Verdict:
+          metric=None, margin_pool: dict | None = None) -> Verdict:
     """Score ``candidate`` (a list of output dicts, one per sample) against ``reference``;
     ``runtime``: per sample, the original's tensors :attr:`.views.Views.runtime_tensors`
     names (needed only when a view has a layout tail). ``metric``: a :class:`UserMetric`; its
-    score binds a ``metric:V`` target (the views are still scored, for the report)."""
-    scores = [_score(view, views, reference, candidate, runtime) for view in views]
+    score binds a ``metric:V`` target (the views are still scored, for the report).
+    ``margin_pool``: view name → the original's margins on samples not judged (the fit ones:
+    :func:`reference_margins`), pooled with the judged rows' margins in the estimate."""
+    pool = margin_pool or {}
+    scores = [_score(view, views, reference, candidate, runtime, pool.get(view.name)) for view in views]
     if metric is not None:
         scores.append(ViewScore(f"metric {metric.name}", "metric", agreement=metric(reference, candidate)))
     losses, binding = {}, {}
@@ -190,7 +193,33 @@ def _part(view: View, views: Views, ref: np.ndarray, got: np.ndarray, runtime: d
     return ref[mask], got[mask], {key: labels[key][mask] for key in ("row", "cls")}
 
 
-def _score(view: View, views: Views, reference: list, candidate: list, runtime: list | None) -> ViewScore:
+def reference_margins(views: Views, reference: list, runtime: list | None) -> dict:
+    """View name → the original's margins (:mod:`.margins`) over the counted rows of each Softmax
+    view, on ``reference`` (the original's outputs on other samples)."""
+    pool = {}
+    for view in views:
+        if view.kind != "probs":
+            continue
+        found = []
+        for i, out in enumerate(reference):
+            if view.output not in out:
+                continue
+            ref, _, labels = _part(view, views, out[view.output], out[view.output], runtime[i] if runtime else None)
+            if ref.ndim == 0 and labels is None:
+                continue
+            rows, _ = _softmax_rows(view, ref, ref, labels)
+            if rows is None:
+                continue
+            winners = np.argmax(rows, axis=1)
+            counted = rows[_foreground(winners, winners)]
+            found.append(margins_and_shifts(counted, counted)[0])
+        if found:
+            pool[view.name] = np.concatenate(found)
+    return pool
+
+
+def _score(view: View, views: Views, reference: list, candidate: list, runtime: list | None,
+           pool: np.ndarray | None = None) -> ViewScore:
     score = ViewScore(view.name, view.kind)
     cosines, rels, hits, total = [], [], 0, 0
     per_sample_agreement, margins, shifts = [], [], []
@@ -221,8 +250,10 @@ def _score(view: View, views: Views, reference: list, candidate: list, runtime: 
         margins, shifts = (np.concatenate(margins), np.concatenate(shifts)) if margins else (np.zeros(0),) * 2
         if view.kind == "probs" and margins.size:
             score.observed = score.agreement
-            score.agreement = min(score.agreement, estimated_agreement(margins, shifts))
             score.margin_shift, score.min_margin = float(shifts.max()), float(margins.min())
+            if pool is not None and pool.size:
+                margins = np.concatenate([margins, pool])
+            score.agreement = min(score.agreement, estimated_agreement(margins, shifts))
         if not cosines and per_sample_agreement:
             score.worst_sample = int(np.argmin(per_sample_agreement))
     return score

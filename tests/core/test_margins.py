@@ -80,3 +80,44 @@ def test_single_class_rows_have_no_margin():
     ref = np.ones((5, 1), np.float32)
     margin, shift = margins_and_shifts(ref, ref)
     assert margin.size == 0 and shift.size == 0
+
+
+def test_margins_of_samples_not_judged_join_the_pool():
+    # held-out samples are all sure (margins ≥ 4); the candidate moves them by 2 nats and flips
+    # none. A near tie among the fit samples (margin 0.5) is met by that move.
+    margins = np.linspace(4.0, 9.0, 8)
+    reference = [{"p": _two_class([m])} for m in margins]
+    candidate = [{"p": _two_class([m + 2.0])} for m in margins]
+    views, target = _probs_views(), Target.parse("cos:0.99")
+    alone = judge(views, reference, candidate, target).scores[0]
+    assert alone.agreement == 1.0
+    from onnxslim_kit.fidelity.judge import reference_margins
+
+    pool = reference_margins(views, [{"p": _two_class([0.5])}, {"p": _two_class([7.0])}], None)
+    assert pool["p"] == pytest.approx([0.5, 7.0], abs=1e-5)
+    pooled = judge(views, reference, candidate, target, margin_pool=pool).scores[0]
+    assert pooled.agreement == pytest.approx(1.0 - 8 / (8 * 10))
+    assert pooled.min_margin == pytest.approx(4.0, abs=1e-5)  # the judged rows' own, as reported
+
+
+def test_the_pipeline_pools_the_fit_samples_margins():
+    import onnx
+
+    from onnxslim_kit.fidelity import Fidelity, split_feed
+
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 2] x) => (float[1, 2] p) { p = Softmax <axis = -1> (x) }""")
+    feed = [{"x": np.array([[m, 0.0]], np.float32)} for m in (0.1, 5.0, 6.0, 7.0, 0.2, 5.5, 6.5, 7.5)]
+
+    class Feed(list):
+        def take(self, n):
+            return list(self[:n])
+
+        def count(self):
+            return len(self)
+
+    fit, samples, _, _ = split_feed(Feed(feed))
+    fidelity = Fidelity.build(model, "cos:0.99", samples, pool_feed=fit)
+    pool = fidelity.margin_pool["p"]
+    assert sorted(np.round(pool, 3)) == [0.1, 0.2, 5.0, 5.5, 6.0, 6.5]
