@@ -144,9 +144,11 @@ def margin_floor(name: str, pipelines: list, n_calib: int, n_eval: int, work: Pa
     def smallest(rows):
         return [float(margins_and_shifts(r, r)[0].min()) for r in rows]
 
-    calib, evaluation = smallest(softmax_rows(src, data.calib)), smallest(softmax_rows(src, data.eval))
+    eval_rows = softmax_rows(src, data.eval)
+    calib, evaluation = smallest(softmax_rows(src, data.calib)), smallest(eval_rows)
     closest = int(np.argmin(evaluation))
-    reference = softmax_rows(src, [data.eval[closest]])[0]
+    reference = eval_rows[closest]
+    row = int(np.argmin(margins_and_shifts(reference, reference)[0]))
     out = {"held-out": min(calib[3::4]), "calibration": min(calib), "eval": evaluation[closest],
            "eval below 1 nat": int(np.sum(np.array(evaluation) < 1.0)), "pipelines": {}}
     for pipeline in pipelines:
@@ -155,7 +157,6 @@ def margin_floor(name: str, pipelines: list, n_calib: int, n_eval: int, work: Pa
             out["pipelines"][pipeline] = None
             continue
         got = softmax_rows(path, [data.eval[closest]])[0]
-        row = int(np.argmin(margins_and_shifts(reference, reference)[0]))
         shift = float(margins_and_shifts(reference[row:row + 1], got[row:row + 1])[1][0])
         out["pipelines"][pipeline] = {"shift": shift,
                                       "flipped": bool(np.argmax(reference[row]) != np.argmax(got[row]))}

@@ -154,7 +154,9 @@ class Fidelity:
 
     def for_pass(self, override: str = "", remaining: int = 1, used: float = 0.0) -> Fidelity:
         """This pipeline's fidelity for one lossy pass: its own ``target=`` when given (all of
-        it), else the pipeline target's share (:func:`.target.share`)."""
+        it), else the pipeline target's share (:func:`.target.share`). The margin pool is made
+        here, once, so that every pass's copy shares it."""
+        self.margin_pool  # noqa: B018 - computed on the pipeline's fidelity, not once per pass
         if str(override or "").strip():
             return replace(self, target=Target.parse(override), allowed=1.0, own_target=True)
         return replace(self, allowed=share(used, remaining), own_target=False)
