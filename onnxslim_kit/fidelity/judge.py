@@ -39,9 +39,12 @@ class ViewScore:
     observed: float | None = None  # probs: the counted share, before the margin estimate
     margin_shift: float | None = None  # probs: the largest move of a top-vs-runner-up margin (nats)
     min_margin: float | None = None  # probs: the original's smallest such margin on the judged rows
+    masked_by: str | None = None  # the mask input whose marked positions alone were judged
 
     def to_dict(self) -> dict:
         out = {"view": self.view, "kind": self.kind, "worst_sample": self.worst_sample}
+        if self.masked_by:
+            out["masked_by"] = self.masked_by
         for key in ("cosine", "rel", "agreement", "observed", "margin_shift", "min_margin"):
             value = getattr(self, key)
             if value is not None:
@@ -182,8 +185,11 @@ def cosine_text(cos: float) -> str:
 
 
 def _part(view: View, views: Views, ref: np.ndarray, got: np.ndarray, runtime: dict | None):
-    """The view's elements of one sample's output (flat), and its labels (or None)."""
+    """The view's elements of one sample's output (flat), and its labels (or None); a masked
+    view's (:attr:`.views.View.mask`) rows of the positions its mask marks, ``[positions, …]``."""
     ref, got = np.asarray(ref), np.asarray(got)
+    if view.mask is not None:
+        return (*_masked(ref, got, (runtime or {}).get(view.mask)), None)
     labels = views.labels(view.output, runtime) if runtime is not None and view.output in views._tails else None
     if labels is None or labels["branch"].shape != ref.shape:
         return ref, got, None
@@ -191,6 +197,15 @@ def _part(view: View, views: Views, ref: np.ndarray, got: np.ndarray, runtime: d
         return ref, got, labels
     mask = labels["branch"] == labels["kinds"].index(view.branch)
     return ref[mask], got[mask], {key: labels[key][mask] for key in ("row", "cls")}
+
+
+def _masked(ref: np.ndarray, got: np.ndarray, mask) -> tuple:
+    """``ref`` and ``got`` at the positions ``mask`` (``[batch, sequence]``) marks non-zero; both
+    whole when the mask is missing, of another shape, or marks nothing."""
+    if mask is None or ref.shape != got.shape or ref.ndim < 2 or np.shape(mask) != ref.shape[:2]:
+        return ref, got
+    keep = np.asarray(mask) != 0
+    return (ref[keep], got[keep]) if keep.any() else (ref, got)
 
 
 def reference_margins(views: Views, reference: list, runtime: list | None) -> dict:
@@ -220,7 +235,8 @@ def reference_margins(views: Views, reference: list, runtime: list | None) -> di
 
 def _score(view: View, views: Views, reference: list, candidate: list, runtime: list | None,
            pool: np.ndarray | None = None) -> ViewScore:
-    score = ViewScore(view.name, view.kind)
+    score = ViewScore(view.name, view.kind, masked_by=view.mask if runtime and any(
+        view.mask in r for r in runtime) else None)
     cosines, rels, hits, total = [], [], 0, 0
     per_sample_agreement, margins, shifts = [], [], []
     for i, (ref_out, got_out) in enumerate(zip(reference, candidate)):
@@ -304,7 +320,7 @@ def _softmax_rows(view: View, ref: np.ndarray, got: np.ndarray, labels: dict | N
     """The sample's softmax rows as ``[rows, classes]`` arrays (reference, candidate), or
     ``(None, None)`` when labelled rows differ in length."""
     if labels is None:
-        axis = view.axis if view.axis is not None else -1
+        axis = view.axis if view.axis is not None and view.mask is None else -1  # masked: [positions, classes]
         classes = ref.shape[axis]
         return (np.moveaxis(ref, axis, -1).reshape(-1, classes), np.moveaxis(got, axis, -1).reshape(-1, classes))
     rows, cls = labels["row"].ravel(), labels["cls"].ravel()
