@@ -3,7 +3,9 @@
 A candidate is a fixed pipeline run by :func:`onnxslim_kit.optimize` on the model with the
 plan's data, seed and target, exactly as ``python -m onnxslim_kit MODEL --passes P`` would run
 it (so its report is a recipe that replays to the same bytes). Goals latency and memory try
-``LATENCY_PIPELINES`` in order; goal size adds ``fuse,cluster`` (clustering shrinks the file
+``LATENCY_PIPELINES`` in order (``fuse,dynamic(weights=s8)``: the u8·s8 kernels, faster than the
+exact default encoding on CPUs without VNNI, judged by this machine's own kernels — a choice the
+plan makes by measurement, :mod:`onnxslim_kit.passes.dynamic`); goal size adds ``fuse,cluster`` (clustering shrinks the file
 once compressed, not what a session holds or how fast it runs).
 
 Whether a candidate holds the target (:func:`fidelity_of`): ``fuse`` alone (no lossy pass) always
@@ -22,7 +24,8 @@ from dataclasses import dataclass, field
 from ..errors import SlimError, UserError
 from .timing_cache import sha256_bytes
 
-LATENCY_PIPELINES = ("fuse", "fuse,int8", "fuse,dynamic", "fuse,fp16", "fuse,prune", "fuse,prune,int8")
+LATENCY_PIPELINES = ("fuse", "fuse,int8", "fuse,dynamic", "fuse,dynamic(weights=s8)", "fuse,fp16", "fuse,prune",
+                     "fuse,prune,int8")
 SIZE_PIPELINES = LATENCY_PIPELINES + ("fuse,cluster",)
 GOALS = ("latency", "size", "memory")
 

@@ -49,11 +49,14 @@ def unsigned_weight(w_q: np.ndarray, w_zero) -> tuple:
             (w_zero.astype(np.int16) + WEIGHT_OFFSET).astype(np.uint8))
 
 
-def integer_op(model, graph, op: str, x, w_q, w_zero, attrs=None, prefix: str = "dynamic") -> tuple:
+def integer_op(model, graph, op: str, x, w_q, w_zero, attrs=None, prefix: str = "dynamic",
+               signed: bool = False) -> tuple:
     """``DynamicQuantizeLinear(x)`` and the integer op; returns (int32 output, x scale, quantize node).
     int8 weights (``w_q``, ``w_zero``) are written as uint8 with the zero point moved by 128
-    (:func:`unsigned_weight`, see the module docstring)."""
-    w_q, w_zero = unsigned_weight(w_q, w_zero)
+    (:func:`unsigned_weight`, see the module docstring) unless ``signed`` (the ``dynamic`` pass's
+    ``weights=s8``: int8 as given, u8·s8 kernels)."""
+    if not signed:
+        w_q, w_zero = unsigned_weight(w_q, w_zero)
     fresh = model.fresh_name
     x_q = gs.Variable(fresh(f"{prefix}/x_q"), dtype=np.uint8)
     x_scale = gs.Variable(fresh(f"{prefix}/x_scale"), dtype=np.float32, shape=[])
@@ -88,13 +91,14 @@ def rescale(model, graph, y, x_scale, w_scale, bias, node, prefix: str = "dynami
                                inputs=[scaled, new_constant(model, f"{prefix}/bias", bias)], outputs=[out]))
 
 
-def dynamic_matmul(model, graph, node, x, w_q, w_scale, bias=None, prefix: str = "dynamic"):
+def dynamic_matmul(model, graph, node, x, w_q, w_scale, bias=None, prefix: str = "dynamic", signed: bool = False):
     """Replace ``node`` (MatMul / Gemm reading ``x``) by the dynamic chain; ``w_q`` [K, N] int8
-    (symmetric, stored as uint8 with zero point 128), ``w_scale`` per column or scalar. ``node`` is left without outputs (dead; removed from
-    ``graph.nodes``). Returns the DynamicQuantizeLinear node (the new reader of ``x``)."""
+    (symmetric, stored as uint8 with zero point 128 unless ``signed``), ``w_scale`` per column or
+    scalar. ``node`` is left without outputs (dead; removed from ``graph.nodes``). Returns the
+    DynamicQuantizeLinear node (the new reader of ``x``)."""
     zero = (np.full(np.shape(w_scale), WEIGHT_OFFSET, np.uint8) if np.asarray(w_q).dtype == np.uint8
             else np.zeros(np.shape(w_scale), np.int8))  # uint8 codes: the static MatMul encoding's, shared
-    y, x_scale, quantize = integer_op(model, graph, "MatMulInteger", x, w_q, zero, prefix=prefix)
+    y, x_scale, quantize = integer_op(model, graph, "MatMulInteger", x, w_q, zero, prefix=prefix, signed=signed)
     rescale(model, graph, y, x_scale, np.asarray(w_scale, np.float32), bias, node, prefix=prefix)
     node.inputs.clear()
     graph.nodes.remove(node)

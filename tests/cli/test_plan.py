@@ -57,13 +57,14 @@ def _plan(files, tmp_path, *extra, name="out"):
 def test_plan_writes_the_chosen_model_and_a_recipe_that_replays_byte_identically(files, tmp_path):
     out, report = _plan(files, tmp_path, "--recipe", str(tmp_path / "recipe.json"))
     pipelines = [c["pipeline"] for c in report["candidates"]]
-    assert pipelines == ["fuse", "fuse,int8", "fuse,dynamic", "fuse,fp16", "fuse,prune", "fuse,prune,int8"]
+    assert pipelines == ["fuse", "fuse,int8", "fuse,dynamic", "fuse,dynamic(weights=s8)", "fuse,fp16", "fuse,prune",
+                         "fuse,prune,int8"]
     chosen = next(c for c in report["candidates"] if c["pipeline"] == report["chosen"])
     fuse = report["candidates"][0]
     assert chosen["met"] and chosen["timing"]["ratio"] <= fuse["timing"]["ratio"]  # never slower than fuse
     assert report["timed"] >= 1 and fuse["timing"] is not None and report["front"]
     recipe = json.loads((tmp_path / "recipe.json").read_text())
-    assert ",".join(p["name"] for p in recipe["pass_list"]) == report["chosen"]
+    assert ",".join(p["name"] for p in recipe["pass_list"]) == re.sub(r"\([^)]*\)", "", report["chosen"])
     assert recipe["planned"]["pipeline"] == report["chosen"]
     again = tmp_path / "again.onnx"
     assert main([str(files[0]), "--recipe", str(tmp_path / "recipe.json"), "-o", str(again), "-q"]) == 0
