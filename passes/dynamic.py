@@ -41,13 +41,12 @@ reason and a note naming the ops: their float layers were left float on purpose.
 from __future__ import annotations
 
 import numpy as np
+import onnx_graphsurgeon as gs
 
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.api import Option, Pass, PassResult, exclusions, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
 from onnxslim_kit.streaming import release_pages
-
-from dataclasses import replace
 
 from onnxslim_kit.fidelity.context import pass_fidelity
 from onnxslim_kit.passes._common.graph import attr, const_value, is_onnx_op
@@ -68,7 +67,6 @@ def _smooth_option(text) -> object:
     if not 0.0 <= alpha < 1.0:
         raise UserError(f"smooth: α must be in [0, 1), got {alpha}")
     return alpha
-
 
 
 @register_pass
@@ -126,7 +124,7 @@ class DynamicPass(Pass):
     def _smoothed_nodes(self, model, excluded: dict, opts) -> list:
         """The main graph's MatMul/Gemm nodes this pass rewrites (their inputs can be smoothed)."""
         return [node for node in model.graph.nodes if id(node) not in excluded and is_onnx_op(node, "MatMul", "Gemm")
-                and not isinstance(_matmul_weight(node, opts), str)]
+                and _left_float(node, opts) is None]
 
     def _smoothing(self, model, ctx, result) -> tuple:
         """``(α, input peaks)`` per the ``smooth`` option (module docstring of
@@ -153,7 +151,7 @@ class DynamicPass(Pass):
         fid = pass_fidelity(ctx)
 
         def trial(alpha):
-            copy = replace(model, graph=model.graph.copy())
+            copy = model.snapshot()  # the arrays shared: the trial never mutates one
             self._quantize(copy, ctx, alpha, peaks, PassResult())
             return copy
 
@@ -173,11 +171,11 @@ class DynamicPass(Pass):
 
     # --- MatMul / Gemm --------------------------------------------------------------------
     def _matmul(self, model, graph, node, opts, result) -> None:
-        found = _matmul_weight(node, opts)
-        if isinstance(found, str):
-            return result.skip(found)
-        w, alpha, bias = found
+        reason = _left_float(node, opts)
+        if reason is not None:
+            return result.skip(reason)
         weight = node.inputs[1]
+        w, alpha, bias = _matmul_weight(node)
         axis = 1 if opts["per_channel"] else None
         scales = weight_scales(w, axis)
         w_q = quantize_weight(w, scales, axis)
@@ -211,26 +209,32 @@ class DynamicPass(Pass):
         result.rewrite("Conv→ConvInteger")
 
 
-def _matmul_weight(node, opts):
-    """``(W as [K, N] float32, alpha, bias or None)`` of a MatMul/Gemm the pass rewrites, or the
-    reason (a str) it is left float."""
+def _left_float(node, opts) -> str | None:
+    """Why the MatMul/Gemm ``node`` stays float (None: the pass rewrites it), from the weight's
+    type and shape alone (its values are not read: a weight left on disk stays there)."""
     x, weight = node.inputs[0], node.inputs[1]
-    if const_value(x) is not None or not hasattr(weight, "values") or len(getattr(weight, "shape", ()) or ()) != 2:
+    shape = tuple(getattr(weight, "shape", None) or ())
+    if isinstance(x, gs.Constant) or not isinstance(weight, gs.Constant) or len(shape) != 2 or (
+            np.dtype(weight.dtype) != np.float32):
         return f"{node.op}: weight not a 2-D float constant"
-    w = const_value(weight)
-    if w is None or w.ndim != 2 or w.dtype != np.float32:
-        return f"{node.op}: weight not a 2-D float constant"
-    if w.size < opts["min_weights"]:
+    if int(np.prod(shape)) < opts["min_weights"]:
         return f"{node.op}: weight below min_weights"
-    alpha, bias = 1.0, None
     if node.op == "Gemm":
         if attr(node, "transA", 0):
             return "Gemm: transA"
+        if len(node.inputs) > 2 and node.inputs[2] is not None and node.inputs[2].name and not isinstance(
+                node.inputs[2], gs.Constant):
+            return "Gemm: C not constant"
+    return None
+
+
+def _matmul_weight(node) -> tuple:
+    """``(W as [K, N] float32, alpha, bias or None)`` of a MatMul/Gemm :func:`_left_float` passes."""
+    w = const_value(node.inputs[1])
+    alpha, bias = 1.0, None
+    if node.op == "Gemm":
         w = w.T if attr(node, "transB", 0) else w
         alpha = float(attr(node, "alpha", 1.0))
         if len(node.inputs) > 2 and node.inputs[2] is not None and node.inputs[2].name:
-            c = const_value(node.inputs[2])
-            if c is None:
-                return "Gemm: C not constant"
-            bias = (float(attr(node, "beta", 1.0)) * c).astype(np.float32)
+            bias = (float(attr(node, "beta", 1.0)) * const_value(node.inputs[2])).astype(np.float32)
     return w, alpha, bias

@@ -57,7 +57,8 @@ def input_peaks(model, names: list, samples) -> dict:
     """``{input name: max |x| per channel}`` over ``samples`` (ONNX Runtime, the model as it is)."""
     from onnxslim_kit.api import make_session, run
 
-    session = make_session(model.to_proto(), extra_outputs=names, arena=False, prepack=False)
+    proto, arrays = model.session_proto()  # the weights handed to ORT where they lie: no copy
+    session = make_session(proto, extra_outputs=names, arena=False, prepack=False, arrays=arrays)
     peaks = {}
     try:
         for sample in samples:
@@ -81,9 +82,9 @@ def judged_used(model, fid) -> float:
     """The budget fraction ``model`` uses on the fidelity's samples, run at ORT level ``all``."""
     from onnxslim_kit.api import make_session, run
 
-    proto = model.to_proto()
+    proto, arrays = model.session_proto()
     names = [o.name for o in proto.graph.output]
-    session = make_session(proto, "all", threads=1, arena=False)
+    session = make_session(proto, "all", threads=1, arena=False, arrays=arrays)
     try:
         outputs = [{k: v for k, v in run(session, s).items() if k in names} for s in fid.samples]
     finally:
