@@ -59,7 +59,8 @@ session, a round's Hessians (≤ 64 MB) and the packed results — results/memor
 Defaults (session 2): ``method=gptq, act_order=true, symmetric=false, block_size=64,
 damp=0.1, search=false``, ``sequential=false``, and mixed
 precision ``max_ratio=0.16`` (:mod:`onnxslim_kit.passes.int4.mixed`: every layer is quantized to int4, each
-one's output loss alone is measured on ≤ 16 calibration samples — for at most ``measured=12``
+one's output loss alone is measured on ≤ 16 calibration samples (fewer on large models:
+:func:`onnxslim_kit.passes.int4.mixed.sample_count`) — for at most ``measured=12``
 layers: with more candidates, a local proxy (the layer's own output error on rows of its
 calibration inputs, :mod:`onnxslim_kit.passes.int4.proxy`, one forward pass) is scaled to the
 loss per class of layers and only the layers nearest the cut are measured — and the worst per

@@ -30,11 +30,21 @@ all-MiniLM-L6-v2 (the attention value projections matter most for the sentence e
 yet their relative error is middling; the FFN output layers have tiny relative error under
 GPTQ that does not carry over to held-out sentences); why not measure all: on a 2.78 GB
 decoder, 145 candidates × 8 single-thread forward passes took 1,638 s of a 1,692 s pass.
-All sensitivity runs share one ONNX Runtime session: the candidate weights are graph inputs
-(:func:`weights_as_inputs`), fed their float values — read-only maps of the weights' file for
-a model left on disk, which ORT reads in place — and each run feeds one dequantized weight
+All sensitivity runs share one ONNX Runtime session (:class:`Sensitivity`; the original's
+outputs run once for the representatives and the shortlist): the candidate weights are graph
+inputs (:func:`weights_as_inputs`), fed their float values — read-only maps of the weights' file
+for a model left on disk, which ORT reads in place — and each run feeds one dequantized weight
 instead of one of them. (As initializers that are also inputs, with their float values as
 defaults, ORT copied every candidate weight into the session: 1 GB of heap for a 933 MB decoder.)
+
+Cost on large models. A whole-model run reads every weight (issue 16's 2.75 GB decoder, 32
+tokens: 2.97 s at one thread, 2.37 s at two under load 3, ``benchmarks/check_run_threads.py``;
+the weights' traffic, not the sequence, sets it): the measured losses take
+``⌊SENSITIVITY_BYTES / the candidates' float bytes⌋`` samples (:func:`sample_count`, 1–16: 16 for MiniLM as
+before, 4 at 933 MB, 1 at 2.75 GB), and the sessions of the step (these, the emulation's, the
+proxy's rows) run :data:`RUN_THREADS` intra-op threads — their outputs are bit-identical to one
+thread's (MLAS splits a GEMM over rows and columns, never along K; checked on that decoder by
+the same script), so the decisions do not depend on the thread count or on timing.
 
 Measured on a 279 MB decoder (12 pre-LN layers, 73 candidates, 10 classes; verification
 cosine on 8 samples; CPU seconds of the whole ``fuse,int4(...)`` run, shared machine): RTN
@@ -59,6 +69,8 @@ from onnxslim_kit.runtime import make_session, prepare_feed
 from onnxslim_kit.streaming import copy_fields, tensor_array
 
 INT8_BLOCK = 128
+SENSITIVITY_BYTES = 4 << 30  # weight bytes one measured candidate's runs may read: 1 sample at 2.75 GB
+RUN_THREADS = 2  # intra-op threads of the step's sessions (module docstring: the same outputs as 1)
 
 
 def int4_bytes(shape: tuple, block_size: int, symmetric: bool, scale_bytes: int) -> int:
@@ -80,29 +92,50 @@ def int8_bytes(shape: tuple, scale_bytes: int) -> int:
     return n * n_blocks * bs + n * n_blocks * scale_bytes
 
 
-def sensitivities(proto: onnx.ModelProto, candidates: dict, samples: list, views=None) -> dict:
-    """``candidates``: {weight initializer name: callable giving the dequantized weight in its
-    stored layout} (made one at a time: one float copy alive); returns {name: loss}. ``views``
+def sample_count(wanted: int, model_bytes: int) -> int:
+    """Samples of the sensitivity runs: ``wanted``, but each measured candidate's runs read at
+    most :data:`SENSITIVITY_BYTES` of weights (≥ 1 sample)."""
+    return int(max(1, min(wanted, SENSITIVITY_BYTES // max(model_bytes, 1))))
+
+
+class Sensitivity:
+    """One ONNX Runtime session for every measured candidate (module docstring): the weights
+    ``names`` are graph inputs fed their float values, the original's outputs on ``samples``
+    are run once; :meth:`losses` feeds one dequantized weight at a time. ``views``
     (:class:`onnxslim_kit.fidelity.Views`): the loss sums ``1 − cos`` over the output views
     (each branch of a concatenated head on its own scale) instead of over whole outputs — when
     every tensor the views' labels need is in ``proto`` (else whole outputs)."""
-    proto, floats = weights_as_inputs(proto, list(candidates))
-    views = views if views is not None and _labelled(proto, views) else None
-    extra = [n for n in views.runtime_tensors] if views is not None else []
-    session = make_session(proto, "basic", threads=1, arena=False, extra_outputs=extra or None, prepack=False)
-    feeds = [{**prepare_feed(session, s), **floats} for s in samples]
-    outputs = [o.name for o in session.get_outputs()]
-    refs = [dict(zip(outputs, session.run(outputs, f))) for f in feeds]
-    runtime = [{n: r[n] for n in extra} for r in refs]
-    losses = {}
-    for name, make in candidates.items():
-        value, loss = make(), 0.0
-        for feed, ref, rt in zip(feeds, refs, runtime):
-            outs = dict(zip(outputs, session.run(outputs, {**feed, name: value})))
-            loss += _view_loss(views, ref, outs, rt) if views is not None else sum(
-                _one_minus_cos(ref[o], outs[o]) for o in outputs if o not in extra)
-        losses[name] = loss / max(len(feeds), 1)
-    return losses
+
+    def __init__(self, proto: onnx.ModelProto, names: list, samples: list, views=None):
+        proto, self.floats = weights_as_inputs(proto, list(names))
+        self.views = views if views is not None and _labelled(proto, views) else None
+        self.extra = list(self.views.runtime_tensors) if self.views is not None else []
+        self.session = make_session(proto, "basic", threads=RUN_THREADS, arena=False,
+                                    extra_outputs=self.extra or None, prepack=False)
+        del proto
+        self.feeds = [prepare_feed(self.session, s) for s in samples]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.refs = [self._run(f) for f in self.feeds]
+        self.runtime = [{n: r[n] for n in self.extra} for r in self.refs]
+
+    def _run(self, feed: dict, changed: dict = None) -> dict:
+        return dict(zip(self.outputs, self.session.run(self.outputs, {**feed, **self.floats, **(changed or {})})))
+
+    def losses(self, values: dict) -> dict:
+        """{name: loss} for ``values`` = {weight name: callable giving its dequantized weight in
+        the stored layout} (made one at a time: one copy alive)."""
+        out = {}
+        for name, make in values.items():
+            value, loss = make(), 0.0
+            for feed, ref, rt in zip(self.feeds, self.refs, self.runtime):
+                got = self._run(feed, {name: value})
+                loss += _view_loss(self.views, ref, got, rt) if self.views is not None else sum(
+                    _one_minus_cos(ref[o], got[o]) for o in self.outputs if o not in self.extra)
+            out[name] = loss / max(len(self.feeds), 1)
+        return out
+
+    def close(self) -> None:
+        self.session = self.feeds = self.refs = self.runtime = self.floats = None
 
 
 def _labelled(proto: onnx.ModelProto, views) -> bool:

@@ -15,6 +15,12 @@ emulated model holds the fidelity target (``pass_fidelity(ctx)``: the pipeline's
 pass's own ``target=``) becomes 8-bit — the step stops when the share holds and promotes up
 to ``max_ratio`` while it is missed (:mod:`.judged`; ``target=none``: the whole choice); the
 others go on to int4 with their int4 results reused.
+
+Each float weight is read once for the step (:class:`ScratchSeen`, the ``visit`` of
+:func:`.rounds.quantize_all`): with it in memory, its int4 result gives the proxy (on input
+rows taken before, one pass) and the dequantized copy in the stored layout that the
+sensitivity runs and the emulation feed (a scratch file's pages). Issue 16's 2.75 GB decoder
+read every weight 3–4 times before (the int4 results, the proxy, the emulation copies).
 """
 
 from __future__ import annotations
@@ -24,27 +30,47 @@ import numpy as np
 from onnxslim_kit.model import Model
 from onnxslim_kit.api import PassResult, pass_fidelity
 from onnxslim_kit.runtime import give_back
+from onnxslim_kit.streaming import ScratchArrays
 
 import onnxslim_kit.passes.int4.judged as _int4_judged
 import onnxslim_kit.passes.int4.mixed as _int4_mixed
 import onnxslim_kit.passes.int4.proxy as _int4_proxy
 import onnxslim_kit.passes.int4.quant as _int4_quant
 from onnxslim_kit.passes.int4.rewrite import rewrite_int8, rewrite_nbits8, stored_layout
-from onnxslim_kit.passes.int4.rounds import codes, quantize_all
+from onnxslim_kit.passes.int4.rounds import quantize_all
 
 
 def promote(model: Model, targets: list, opts: dict, ctx, fmt: str, result: PassResult) -> tuple:
     """Quantize every target to int4, measure each one's output loss alone, promote the worst to
     8 bits within ``max_ratio`` (:mod:`onnxslim_kit.passes.int4.mixed`). Returns (targets left for int4, their int4
     results by key, (float bytes, bytes) of the promoted layers)."""
-    first = quantize_all(model, targets, opts, ctx, result)
-    costs, candidates, budget = _candidates(model, targets, first, opts, fmt)
-    if budget <= 0 or not candidates:
+    costs, budget = _costs(model, targets, opts, fmt)
+    if budget <= 0 or not costs:
         result.notes.append(f"mixed precision: no 8-bit layer fits max_ratio={opts['max_ratio']}")
-        return targets, first, (0, 0)
-    losses = _losses(model, targets, first, (costs, candidates, budget), ctx, result)
-    chosen = _fidelity_stop(model, targets, first, (costs, losses, _int4_mixed.select(costs, losses, budget)), ctx,
-                            fmt, result)
+        return targets, quantize_all(model, targets, opts, ctx, result), (0, 0)
+    fid = pass_fidelity(ctx)
+    judged = fid.target.metric != "none"
+    by_weight = {t.weight.name: t for t in targets if t.weight.name in costs}
+    wanted = set(costs) | (set(_int4_judged.emulated(targets)) if judged else set())
+    seen = ScratchSeen(ScratchArrays(), wanted)  # dequantized int4 weights: file pages, not heap
+    try:
+        samples = ctx.feed.take(min(opts["samples"], 16))
+        proxy = len(costs) > opts["measured"]
+        if proxy:
+            seen.rows = _int4_proxy.input_rows(model, {t.node.inputs[0].name: t.shape[1] for t in by_weight.values()},
+                                               samples, threads=_int4_mixed.RUN_THREADS)
+            seen.proxied, seen.blas = set(costs), opts["threads"]
+        first = quantize_all(model, targets, opts, ctx, result, visit=seen.visit)
+        seen.rows = None
+        give_back()
+        size = sum(t.float_bytes for t in by_weight.values())
+        samples = samples[:_int4_mixed.sample_count(len(samples), size)]
+        losses = _losses(model, by_weight, seen, (costs, budget), (samples, fid.views, proxy), opts, result)
+        chosen = _int4_mixed.select(costs, losses, budget)
+        if judged and chosen:
+            chosen = _fidelity_stop(model, targets, seen, (costs, losses, chosen), fid, fmt, result)
+    finally:
+        seen.scratch.close()
     spent = [0, 0]
     for t in targets:
         if t.weight.name not in chosen:
@@ -60,74 +86,82 @@ def promote(model: Model, targets: list, opts: dict, ctx, fmt: str, result: Pass
     return [t for t in targets if t.weight.name not in chosen], first, tuple(spent)
 
 
-def _fidelity_stop(model: Model, targets: list, first: dict, choice: tuple, ctx, fmt: str, result: PassResult) -> set:
-    """The greedy choice's shortest prefix that holds ``pass_fidelity(ctx)`` (all of it when
-    none does, or with ``target=none``), :mod:`.judged`."""
+class ScratchSeen:
+    """What :func:`promote` keeps of each layer while :func:`.rounds.quantize_all` has its float
+    weight: the dequantized int4 weight in the stored layout (``wanted`` weights, the first
+    layer of a shared one) as a map of ``scratch``, and the proxy ``e`` of the ``proxied``
+    weights on ``rows`` (:mod:`.proxy`, BLAS threads ``blas``)."""
+
+    def __init__(self, scratch: ScratchArrays, wanted: set):
+        self.scratch, self.wanted = scratch, wanted
+        self.int4: dict = {}
+        self.proxies: dict = {}
+        self.rows, self.proxied, self.blas = None, set(), 1
+
+    def visit(self, target, wt: np.ndarray, qw) -> None:
+        name = target.weight.name
+        if name not in self.wanted or name in self.int4:
+            return
+        deq = _int4_quant.dequantize(qw)
+        if name in self.proxied:
+            self.proxies[name] = _int4_proxy.output_error(wt, deq, self.rows[target.node.inputs[0].name], self.blas)
+        self.int4[name] = self.scratch.put(stored_layout(target, deq))
+
+
+def _fidelity_stop(model: Model, targets: list, seen: ScratchSeen, choice: tuple, fid, fmt: str,
+                   result: PassResult) -> set:
+    """The greedy choice's shortest prefix that holds ``fid`` (all of it when none does), :mod:`.judged`."""
     costs, losses, chosen = choice
-    fid = pass_fidelity(ctx)
-    if fid.target.metric == "none" or not chosen:
-        return chosen
     order = sorted(chosen, key=lambda n: (-losses.get(n, 0.0) / max(costs[n][1] - costs[n][0], 1), n))
-    kept, verdict, trials = _int4_judged.stop(model, targets, first, order, fid, fmt)
+    emulation = _int4_judged.Emulation(model, targets, seen.int4, seen.scratch, fid, fmt)
+    try:
+        kept, verdict, trials = _int4_judged.stop(emulation, order, losses)
+        result.metrics["mixed_probes"] = list(emulation.probes)
+    finally:
+        emulation.close()
     _int4_judged.report(result, fid, verdict, len(kept), len(order), trials)
     return set(kept)
 
 
-def _losses(model: Model, targets: list, first: dict, choice: tuple, ctx, result: PassResult) -> dict:
+def _losses(model: Model, by_weight: dict, seen: ScratchSeen, choice: tuple, data: tuple, opts: dict,
+            result: PassResult) -> dict:
     """{weight name: loss} for the candidates: measured for all when there are at most
-    ``measured``; else the proxy for all, measured for one per class and for the shortlist near
-    the cut, predicted for the rest (:mod:`.mixed`)."""
-    costs, candidates, budget = choice
-    opts = ctx.options
-    samples = ctx.feed.take(min(opts["samples"], 16))
-    views = pass_fidelity(ctx).views  # the loss per output view (a head's branches on their own scales)
-    if len(candidates) <= opts["measured"]:
-        measured = _measure(model, candidates, list(candidates), samples, views)
-        result.metrics.update(mixed_candidates=len(candidates), mixed_measured=len(measured))
-        return measured
-    by_weight = {t.weight.name: t for t in targets if t.weight.name in candidates}
-    proxies = _proxies(model, by_weight, first, samples, opts["threads"])
-    nodes = {id(t.node) for t in by_weight.values()}
-    classes = {name: _int4_proxy.role(t.node, nodes) for name, t in by_weight.items()}
-    measured = _measure(model, candidates, _int4_mixed.representatives(costs, proxies, classes, opts["measured"]),
-                        samples, views)
-    losses = _int4_mixed.predicted(measured, proxies, classes)
-    more = _int4_mixed.shortlist(costs, losses, budget, opts["measured"] - len(measured), measured)
-    measured.update(_measure(model, candidates, more, samples, views))
-    result.metrics.update(mixed_candidates=len(candidates), mixed_measured=len(measured),
-                          mixed_classes=len(set(classes.values())))
+    ``measured`` (``proxy`` false); else the proxy for all, measured for one per class and for
+    the shortlist near the cut, predicted for the rest (:mod:`.mixed`); one session."""
+    costs, budget = choice
+    samples, views, proxy = data
+    values = {name: (lambda m=m: np.asarray(m)) for name, m in seen.int4.items() if name in costs}
+    sensitivity = _int4_mixed.Sensitivity(model.to_proto(), list(costs), samples, views)
+    try:
+        if not proxy:
+            measured = sensitivity.losses(values)
+            result.metrics.update(mixed_candidates=len(costs), mixed_measured=len(measured),
+                                  mixed_samples=len(samples))
+            return measured
+        proxies = seen.proxies
+        nodes = {id(t.node) for t in by_weight.values()}
+        classes = {name: _int4_proxy.role(t.node, nodes) for name, t in by_weight.items()}
+        reps = _int4_mixed.representatives(costs, proxies, classes, opts["measured"])
+        measured = sensitivity.losses({n: values[n] for n in reps})
+        losses = _int4_mixed.predicted(measured, proxies, classes)
+        more = _int4_mixed.shortlist(costs, losses, budget, opts["measured"] - len(measured), measured)
+        measured.update(sensitivity.losses({n: values[n] for n in more}))
+    finally:
+        sensitivity.close()
+        seen.scratch.release()
+        give_back()  # the sensitivity session's run buffers
+    result.metrics.update(mixed_candidates=len(costs), mixed_measured=len(measured),
+                          mixed_classes=len(set(classes.values())), mixed_samples=len(samples))
     return _int4_mixed.predicted(measured, proxies, classes)
 
 
-def _proxies(model: Model, by_weight: dict, first: dict, samples: list, threads: int) -> dict:
-    """{weight name: e} (:mod:`.proxy`), rows of all inputs from one pass over ``samples``."""
-    rows = _int4_proxy.input_rows(model, {t.node.inputs[0].name: t.shape[1] for t in by_weight.values()}, samples)
-    out = {}
-    for name, t in by_weight.items():
-        deq = _int4_quant.dequantize(codes(first[t.key]))
-        out[name] = _int4_proxy.output_error(t.load(), deq, rows[t.node.inputs[0].name], threads)
-    del rows
-    give_back()
-    return out
-
-
-def _measure(model: Model, candidates: dict, names: list, samples: list, views=None) -> dict:
-    """{name: measured loss} (:func:`.mixed.sensitivities`, one session) for ``names``."""
-    if not names:
-        return {}
-    losses = _int4_mixed.sensitivities(model.to_proto(), {n: candidates[n] for n in names}, samples, views)
-    give_back()  # the sensitivity session's run buffers
-    return losses
-
-
-def _candidates(model: Model, targets: list, first: dict, opts: dict, fmt: str) -> tuple:
-    """({weight name: (int4 bytes, 8-bit bytes)}, {weight name: dequantized int4 weight in the
-    stored layout, on demand}, the byte budget for 8-bit layers)."""
+def _costs(model: Model, targets: list, opts: dict, fmt: str) -> tuple:
+    """({weight name: (int4 bytes, 8-bit bytes)} of the candidates, the byte budget for 8-bit layers)."""
     by_weight = {}
     for t in targets:
         by_weight.setdefault(t.weight.name, set()).add(t.key)
     float_total = int4_total = 0
-    costs, candidates, seen = {}, {}, set()
+    costs, seen = {}, set()
     for t in targets:
         if t.key in seen:
             continue
@@ -140,5 +174,4 @@ def _candidates(model: Model, targets: list, first: dict, opts: dict, fmt: str) 
             int8 = (_int4_mixed.int8_bytes(t.shape, item) if fmt == "nbits"
                     else int(np.prod(t.shape)) + t.shape[0] * item)
             costs[t.weight.name] = (int4, int8)
-            candidates[t.weight.name] = lambda t=t: stored_layout(t, _int4_quant.dequantize(codes(first[t.key])))
-    return costs, candidates, int(opts["max_ratio"] * float_total) - int4_total
+    return costs, int(opts["max_ratio"] * float_total) - int4_total

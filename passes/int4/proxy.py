@@ -51,13 +51,14 @@ def rows_per_input(widths: dict) -> int:
     return int(min(MAX_ROWS, max(MIN_ROWS, ROWS_BYTES // max(total, 1))))
 
 
-def input_rows(model, widths: dict, samples: list, seed: int = 0) -> dict:
-    """{input name: rows [≤ R, K] float32} of the layers' inputs over ``samples`` (one session)."""
+def input_rows(model, widths: dict, samples: list, seed: int = 0, threads: int = 1) -> dict:
+    """{input name: rows [≤ R, K] float32} of the layers' inputs over ``samples`` (one session,
+    ``threads`` intra-op threads)."""
     rows_total = rows_per_input(widths)
     per_sample = -(-rows_total // max(len(samples), 1))
     graph_inputs = {t.name for t in model.graph.inputs}
     exposed = [n for n in widths if n not in graph_inputs]
-    acts = iter_activations(model.to_proto(), exposed, samples, threads=1) if exposed else ({} for _ in samples)
+    acts = iter_activations(model.to_proto(), exposed, samples, threads=threads) if exposed else ({} for _ in samples)
     rng = np.random.default_rng(seed)
     gathered: dict = {name: [] for name in widths}
     for sample, values in zip(samples, acts):

@@ -24,7 +24,7 @@ from onnxslim_kit.api import PassResult
 
 import onnxslim_kit.passes.int4.mixed as _int4_mixed
 import onnxslim_kit.passes.int4.quant as _int4_quant
-from onnxslim_kit.passes.int4.target import Target
+from onnxslim_kit.passes.int4.target import Target, transposed
 from onnxslim_kit.passes._common.graph import new_constant
 
 QDQ_OPSET = 21
@@ -89,10 +89,9 @@ def rewrite_encoded(model: Model, target: Target, encoded: tuple, fmt: str, opts
 def stored_layout(target: Target, wt: np.ndarray) -> np.ndarray:
     """``Wt`` [N, K] back in the layout of the weight constant (MatMul W, Gemm B with α divided out)."""
     if target.transform[0] == "MatMul":
-        w = wt.T
-    else:
-        _, trans_b, alpha = target.transform
-        w = (wt if trans_b else wt.T) / np.float32(alpha)
+        return transposed(wt, target.dtype)
+    _, trans_b, alpha = target.transform
+    w = (wt if trans_b else wt.T) / np.float32(alpha)
     return np.ascontiguousarray(w, dtype=target.dtype)
 
 

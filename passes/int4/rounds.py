@@ -9,7 +9,12 @@ dampening ``damp · mean(diag H)``, :func:`.gptq.gptq_factor`). Memory: :func:`h
 takes the Hessians in rounds of ≤ :data:`HESSIAN_BYTES_PER_ROUND` (K² · 8 bytes each), every
 round from the model as it is when the round starts, so a caller that quantizes a round's
 layers before taking the next holds one round's Hessians; results held for later (the
-mixed-precision choice) keep their 4-bit codes two to a byte (:func:`packed`).
+mixed-precision choice) keep their 4-bit codes two to a byte (:func:`packed`). A pass over the
+samples reads every weight (issue 16's 2.75 GB decoder: ≈ 1.5 s a sample), and a round of
+64 MB holds one Hessian of K = 2048 or three of 1536 — 25 rounds there, × 4 samples each. When
+the calibration rows are few (X [R, K] smaller than XᵀX [K, K] when R < 2K: 4 samples × 32
+tokens there), one pass keeps every input's rows (≤ :data:`ROWS_BYTES_ONE_PASS`, 133 MB there)
+and every round sums its Hessians from them.
 
 AWQ (:func:`apply_awq`): per input tensor, ``Y = (A·diag(1/s))·(diag(s)·W)``; ``s`` from
 :func:`.awq.search_scales`, one ``Mul(A, 1/s)`` per input, Hessian of the scaled input
@@ -40,27 +45,73 @@ from onnxslim_kit.passes._common.blas import blas_threads
 from onnxslim_kit.passes._common.graph import new_constant
 
 HESSIAN_BYTES_PER_ROUND = 64 << 20
+ROWS_BYTES_ONE_PASS = 256 << 20  # the inputs' rows one pass may keep for all rounds (module docstring)
 
 
 def hessian_rounds(model: Model, targets: list, ctx):
     """Yields {input tensor name: summed XᵀX} for the targets, one round (≤
-    ``HESSIAN_BYTES_PER_ROUND``) at a time, from the model as it is when each round starts; a
-    caller that quantizes a round's layers before taking the next holds one round's Hessians."""
+    ``HESSIAN_BYTES_PER_ROUND``) at a time, from the model as it is when the first round starts
+    (the caller changes the graph only after the last); a caller that quantizes a round's
+    layers before taking the next holds one round's Hessians. With several rounds, one pass
+    over the samples keeps the rows of every input when they take ≤ :data:`ROWS_BYTES_ONE_PASS`
+    (:func:`_all_rows`), and each round's Hessians are summed from them (the same products in
+    the same order: the same values); else each round runs its own pass."""
     inputs = {}
     for t in targets:
         inputs.setdefault(t.node.inputs[0].name, t.shape[1])
     graph_inputs = {t.name for t in model.graph.inputs}
     samples = ctx.feed.take(ctx.options["samples"])
-    batch, used = [], 0
+    threads = ctx.options["threads"]
+    batches = _batches(inputs)
+    rows = _all_rows(model, list(inputs), graph_inputs, samples) if len(batches) > 1 else None
+    for batch in batches:
+        if rows is None:
+            yield _round_hessians(model, batch, graph_inputs, samples, threads)
+        else:
+            yield _sums(rows, batch, threads)
+        give_back()  # the caller's work on the round (GPTQ factors, copies), before the next session
+
+
+def _batches(inputs: dict) -> list:
+    """The input names in rounds of ≤ ``HESSIAN_BYTES_PER_ROUND`` of Hessians (K² · 8 bytes each; a
+    larger one alone)."""
+    batches, batch, used = [], [], 0
     names = list(inputs)
     for i, name in enumerate(names):
         batch.append(name)
         used += inputs[name] ** 2 * 8
         if used < HESSIAN_BYTES_PER_ROUND and i + 1 < len(names):
             continue
-        yield _round_hessians(model, batch, graph_inputs, samples, ctx.options["threads"])
+        batches.append(batch)
         batch, used = [], 0
-        give_back()  # the caller's work on the round (GPTQ factors, copies), before the next session
+    return batches
+
+
+def _all_rows(model: Model, names: list, graph_inputs: set, samples: list):
+    """Per sample, a copy of every ``names`` tensor (one ORT session), or None as soon as the
+    copies would pass :data:`ROWS_BYTES_ONE_PASS` (the first sample's bytes × the samples)."""
+    exposed = [n for n in names if n not in graph_inputs]
+    acts = iter_activations(model.to_proto(), exposed, samples) if exposed else ({} for _ in samples)
+    kept, used = [], 0
+    for sample, values in zip(samples, acts):
+        kept.append({n: np.array(sample[n] if n in graph_inputs else values[n], dtype=np.float32) for n in names})
+        used += sum(x.nbytes for x in kept[-1].values())
+        if max(used, used * len(samples) // len(kept)) > ROWS_BYTES_ONE_PASS:
+            kept = None
+            break
+    acts = values = None  # the session (in the generator) and the last sample's tensors
+    give_back()
+    return kept
+
+
+def _sums(rows: list, batch: list, threads: int) -> dict:
+    """Summed XᵀX of the ``batch`` tensors from :func:`_all_rows`' copies, which it drops."""
+    hessians = {}
+    with blas_threads(threads):
+        for per_sample in rows:
+            for n in batch:
+                hessians[n] = _int4_gptq.hessian_update(hessians.get(n), per_sample.pop(n))
+    return hessians
 
 
 def _round_hessians(model: Model, batch: list, graph_inputs: set, samples: list, threads: int) -> dict:
@@ -86,21 +137,31 @@ def hessians(model: Model, targets: list, ctx) -> dict:
     return out
 
 
-def quantize_all(model: Model, targets: list, opts: dict, ctx, result: PassResult) -> dict:
+def quantize_all(model: Model, targets: list, opts: dict, ctx, result: PassResult, visit=None) -> dict:
     """{target key: quantized weight} for the targets, Hessians (gptq, search) taken and dropped
     round by round — so a model of many large layers never holds all their Hessians and GPTQ
-    factors at once; every Hessian comes from the model as it was on entry."""
+    factors at once; every Hessian comes from the model as it was on entry. ``visit(target,
+    Wt, qw)``, when given, sees each layer's float weight and its result (codes a byte each)
+    while the weight is read anyway (the mixed-precision step's proxy and emulation copies)."""
     keys = {}
     for t in targets:
         keys.setdefault(t.key, t)
+
+    def one(t, xtx, factors):
+        wt = t.load()
+        qw = quantize(t, opts, xtx, factors, result, wt)
+        if visit is not None:
+            visit(t, wt, qw)
+        return packed(qw)
+
     if not (opts["method"] == "gptq" or opts["search"]):
-        return {k: packed(quantize(t, opts, None, {}, result)) for k, t in keys.items()}
+        return {k: one(t, None, {}) for k, t in keys.items()}
     done = {}
     for round_h in hessian_rounds(model, list(keys.values()), ctx):
         factors: dict = {}  # per input tensor: layers reading one input share H and its factor
         for k, t in keys.items():
             if k not in done and t.node.inputs[0].name in round_h:
-                done[k] = packed(quantize(t, opts, round_h[t.node.inputs[0].name], factors, result))
+                done[k] = one(t, round_h[t.node.inputs[0].name], factors)
         del factors, round_h
     return done
 
@@ -154,9 +215,11 @@ def apply_awq(model: Model, targets: list, hessians: dict, opts: dict, result: P
     return out
 
 
-def quantize(target: Target, opts: dict, xtx, factors: dict, result: PassResult) -> _int4_quant.QuantizedWeight:
+def quantize(target: Target, opts: dict, xtx, factors: dict, result: PassResult, wt=None) -> _int4_quant.QuantizedWeight:
     """GPTQ with the (shared, cached in ``factors``) factor of ``xtx`` when usable, else RTN
-    (with the diag-H weighted range search when ``search``)."""
+    (with the diag-H weighted range search when ``search``); ``wt``: the float weight when
+    the caller read it (:meth:`Target.load`)."""
+    wt = target.load() if wt is None else wt
     if opts["method"] == "gptq" and xtx is not None:
         name = target.node.inputs[0].name
         if name not in factors:
@@ -165,12 +228,12 @@ def quantize(target: Target, opts: dict, xtx, factors: dict, result: PassResult)
             except np.linalg.LinAlgError:
                 factors[name] = None
         if factors[name] is not None:
-            return _int4_gptq.quantize_gptq(target.load(), xtx, opts["block_size"], opts["symmetric"], opts["damp"],
+            return _int4_gptq.quantize_gptq(wt, xtx, opts["block_size"], opts["symmetric"], opts["damp"],
                                             search=opts["search"], factor=factors[name],
                                             threads=opts["threads"])
         result.skip("gptq: Hessian not usable (non-finite / not positive definite), RTN used")
     importance = np.diag(xtx).astype(np.float32) if opts["search"] and xtx is not None else None
-    return _int4_quant.quantize_rtn(target.load(), opts["block_size"], opts["symmetric"], opts["search"], importance)
+    return _int4_quant.quantize_rtn(wt, opts["block_size"], opts["symmetric"], opts["search"], importance)
 
 
 def encode(model: Model, qw, dtype, fmt: str) -> tuple:

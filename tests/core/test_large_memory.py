@@ -92,7 +92,8 @@ def test_int4_emulation_feeds_file_maps(chain):
     """The mixed-precision emulation's dequantized weights are scratch-file maps, not heap."""
     from onnxslim_kit.model import Model, load_proto
     from onnxslim_kit.fidelity import Fidelity, Target
-    from onnxslim_kit.passes.int4.judged import Emulation
+    from onnxslim_kit.passes.int4.judged import Emulation, emulated
+    from onnxslim_kit.passes.int4.promote import ScratchSeen
     from onnxslim_kit.passes.int4.rounds import quantize_all
     from onnxslim_kit.passes.int4.target import collect_targets
     from onnxslim_kit.pipeline import PassResult
@@ -103,11 +104,12 @@ def test_int4_emulation_feeds_file_maps(chain):
     rng = np.random.default_rng(1)
     samples = [{"x": rng.standard_normal((1, 8, K)).astype(np.float32)} for _ in range(2)]
     opts = {"method": "rtn", "block_size": 32, "symmetric": False, "search": False, "threads": 1}
-    first = quantize_all(model, targets, opts, None, PassResult())
+    seen = ScratchSeen(ScratchArrays(), set(emulated(targets)))  # the copies made while quantizing
+    quantize_all(model, targets, opts, None, PassResult(), visit=seen.visit)
     fid = Fidelity.build(proto, Target.parse("cos:0.99"), samples, "samples")
     tracemalloc.start()
     try:
-        emulation = Emulation(model, targets, first, fid, "nbits")
+        emulation = Emulation(model, targets, seen.int4, seen.scratch, fid, "nbits")
         verdicts = [emulation.judge([]), emulation.judge([targets[0].weight.name])]
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -120,6 +122,7 @@ def test_int4_emulation_feeds_file_maps(chain):
         assert verdicts[1].worst("cosine") >= verdicts[0].worst("cosine") - 1e-6
     finally:
         emulation.close()
+        seen.scratch.close()
 
 
 def test_scratch_arrays_round_trip(tmp_path):
