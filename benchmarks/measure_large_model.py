@@ -273,7 +273,7 @@ def pass_summary(report: Path) -> list | None:
     """Per pass of our CLI's ``--report``: its seconds (inside the tool) and its size/round metrics."""
     if not report.is_file():
         return None
-    keep = ("gptq_rounds", "weight_ratio")
+    keep = ("gptq_rounds", "weight_ratio", "mixed_samples", "mixed_trials", "mixed_probes")
     return [{"name": p["name"], "seconds": p.get("seconds"), "rolled_back": p.get("rolled_back"),
              **{k: v for k, v in (p.get("metrics") or {}).items() if k in keep}}
             for p in json.loads(report.read_text()).get("passes", [])]

@@ -36,6 +36,7 @@ not fuse because the Q sits after its activation). ``detours`` counts them by pa
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -49,7 +50,7 @@ from .bench_macs import graph_shapes, inferred, main_shapes, node_macs
 from .calibration import CalibrationFeed, input_specs
 from .errors import UserError
 from .model import load_proto
-from .runtime import EXTERNAL_FOLDER, OPT_LEVELS, SPILL, session_options, split_weights
+from .runtime import EXTERNAL_FOLDER, OPT_LEVELS, SPILL, _shared_root, session_options, split_weights
 from .streaming import set_location
 
 INT8_KERNELS = {"QLinearConv", "ConvInteger", "MatMulInteger", "QLinearMatMul", "QGemm", "DynamicQuantizeMatMul",
@@ -96,11 +97,15 @@ def optimized_graph(model, provider: str = "CPUExecutionProvider", opt_level: st
 def _hand_over(skeleton: onnx.ModelProto, moved: list, anchored: str | None, so: ort.SessionOptions,
                folder: Path) -> list:
     """Give ORT the weights :func:`.runtime.split_weights` moved out of ``skeleton``, as
-    :func:`.runtime.make_session` does: written one by one to a file in ``folder`` that ORT maps
-    (no copy of the model in memory), or — when other weights stay in their own files
-    (``anchored``, that folder is ORT's external-data folder) — as arrays; returns what the
-    session needs kept alive until it is built."""
-    if anchored is not None:
+    :func:`.runtime.make_session` does: written one by one, page-aligned, to a file in ``folder``
+    that ORT maps (no copy of the weights in memory). When other weights stay in their own files
+    (``anchored``), ORT's external-data folder is the deepest folder holding both, the anchored
+    tensors named relative to it (:func:`.runtime._shared_root`); only where there is none
+    (different drives) are the moved weights handed over as arrays, which ORT copies. Returns what
+    the session needs kept alive until it is built. Measured on a 933 MB decoder after
+    ``fuse,int8``: the arrays cost 0.99 GB of anonymous memory at the report's peak."""
+    root = str(folder) if anchored is None else _shared_root(skeleton, anchored, str(folder))
+    if root is None:
         so.add_session_config_entry(EXTERNAL_FOLDER, anchored)
         held = [np.ascontiguousarray(numpy_helper.to_array(t)) for _, t in moved]
         for stub, _ in moved:
@@ -109,14 +114,16 @@ def _hand_over(skeleton: onnx.ModelProto, moved: list, anchored: str | None, so:
             values = [ort.OrtValue.ortvalue_from_numpy(a) for a in held]
             so.add_external_initializers([t.name for _, t in moved], values)
         return held
+    location = os.path.relpath(folder / SPILL, root)
     with open(folder / SPILL, "wb") as fh:
         for stub, tensor in moved:
             start = -(-fh.tell() // 4096) * 4096  # page-aligned: ORT maps instead of reading
             fh.write(b"\0" * (start - fh.tell()))
             data = np.ascontiguousarray(numpy_helper.to_array(tensor))
             fh.write(memoryview(data).cast("B"))
-            set_location(stub, SPILL, start, data.nbytes)
-    so.add_session_config_entry(EXTERNAL_FOLDER, str(folder))
+            set_location(stub, location, start, data.nbytes)
+            del data
+    so.add_session_config_entry(EXTERNAL_FOLDER, root)
     return []
 
 

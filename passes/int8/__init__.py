@@ -53,7 +53,8 @@ Steps:
    DynamicQuantizeLinear + MatMulInteger, each input quantized over its own range at run
    time, fused by ORT into DynamicQuantizeMatMul), ``weights`` (float compute from int8
    per-channel weights restored by ``Cast`` + ``Mul``, which ORT folds at load: no cost per
-   inference), then float. The most sensitive layers go deepest
+   inference), then float; the ranking that orders them by cost (:mod:`.ranking`), the
+   encodings and weight pages kept resident only while read (:mod:`.resident`). The most sensitive layers go deepest
    (:func:`._quant_fallback.choose_fallback`). Layers off static int8 read their float
    input; smoothed layers on ``weights`` or float get their original input and weight back.
    Measured (2026-11-29, s2): PP-OCRv4 det 10 float layers (0.54× the fp32 file) → 11 on
@@ -113,6 +114,8 @@ from onnxslim_kit.passes.int8.fallback import (
     trial_copy,
 )
 from onnxslim_kit.passes.int8.integer_io import make_integer_io
+from onnxslim_kit.passes.int8.ranking import TWIN_ROUNDS, sensitivity_mode, unsmooth_float_path, unsmoothed_round
+from onnxslim_kit.passes.int8.resident import ScratchEncodings, release
 from onnxslim_kit.passes.int8.options import ROUNDINGS, check_ladder, check_target, parse_ladder
 from onnxslim_kit.passes._quant.qdq import (
     RUNGS,
@@ -134,23 +137,6 @@ def calib_samples(ctx):
     return ctx.feed.take(n) if n > 0 else ctx.feed
 
 
-def unsmooth_float_path(graph, plan) -> None:
-    """The float layers of a twin graph (:func:`._quant_qdq.add_gated_twins`) read their
-    original input and weight again (``X·W``, equal to the smoothed ``X'·W'`` up to float
-    rounding): the float weights are then the ones the model holds anyway, not a float copy
-    of every smoothed weight for the session (MiniLM gated ranking: 40 MB). The twins keep
-    the smoothed pair; the trial's own weight constant takes the array, no new name."""
-    tensors = graph.tensors()
-    nodes = {node.name: node for node in graph.nodes}
-    for spec in plan.layers:
-        node = nodes.get(spec.name)
-        if spec.unsmoothed is None or node is None:
-            continue
-        name, weight = spec.unsmoothed
-        node.inputs[0] = tensors[name]
-        node.inputs[spec.weight_index].values = weight
-
-
 @dataclass
 class LayerSpec:
     name: str
@@ -169,7 +155,7 @@ class Plan:
     params: dict          # tensor name -> (scale, zero point)
     per_channel: bool
     bias_shift: dict = field(default_factory=dict)  # layer name -> bias correction vector
-    encodings: dict = field(default_factory=dict)   # (layer, kind) -> integer weights (_quant_qdq)
+    encodings: dict = field(default_factory=dict)   # (layer, kind) -> integer weights (_quant_qdq; .resident)
     pooled: dict = field(default_factory=dict)      # extra Q point -> the pooled layer input (plan.pool_inputs)
 
 
@@ -201,7 +187,7 @@ class Int8Pass(Pass):
         "sensitivity": Option(str, "auto", "layer ranking for the fallback: local (one run, per-layer "
                               "error), e2e (each layer alone in int8, scored at the outputs), hybrid (local, "
                               "then the `refine` first re-ranked end to end), auto (e2e when ≥ 1/4 of the "
-                              "layers are MatMul/Gemm, else hybrid)", ("auto", "hybrid", "e2e", "local")),
+                              "layers are MatMul/Gemm and layers × weight bytes ≤ 16 GiB, else hybrid)", ("auto", "hybrid", "e2e", "local")),
         "refine": Option(int, 8, "sensitivity=hybrid: layers re-scored end to end"),
         "gated_ranking": Option(bool, True, "sensitivity=e2e: rank from one session holding every layer's "
                                 "quantized twin behind a switch (instead of one build per layer; same ranking)"),
@@ -270,6 +256,7 @@ class Int8Pass(Pass):
             else:
                 stats.update(smooth_mod.smoothed_stats(model.graph, kept))
         del kept  # the kept activations (up to KEEP_BYTES) are not needed past here: not held through the search
+        release(model.graph)  # the calibration read every weight: their pages go (:mod:`.resident`)
         result.metrics["seconds_calibration"] = time.perf_counter() - start  # the plan's time added next
         try:
             return self._quantize(model, ctx, result, layers, stats, unsmoothed, per_channel, fid, ladder)
@@ -288,9 +275,15 @@ class Int8Pass(Pass):
         learned = self._adaround(model, plan, ctx, result) if opts["rounding"] == "adaround" else {}
         start = time.perf_counter()
         sensitivity = None
+        searched = opts["fallback"] and fid.target.metric != "none"
         if opts["bias_correction"] and any(s.op in ("Conv", "Gemm") and s.weight_index is not None
                                            for s in plan.layers):  # else nothing to correct (MatMul: no bias)
-            plan.bias_shift, sensitivity = measure_twins(trial_copy(model), plan, self._eval_samples(ctx))
+            mode, by_size = sensitivity_mode(model, plan, opts)
+            local = searched and mode != "e2e" and not by_size  # else no ranking reads it now
+            plan.bias_shift, sensitivity = measure_twins(trial_copy(model), plan, self._eval_samples(ctx),
+                                                         local=local)
+            sensitivity = sensitivity if local else None
+            release(model.graph, plan)
             result.metrics["bias_corrected"] = len(plan.bias_shift)
             result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
             adaround_mod.store(model, plan, learned)  # the learned codes under the bias-corrected encodings
@@ -303,7 +296,7 @@ class Int8Pass(Pass):
         enabled = {spec.name for spec in plan.layers} - set(fixed)
         rungs = self._rungs(plan, ladder)
         result.metrics["target"] = str(fid.target)
-        if opts["fallback"] and fid.target.metric != "none" and enabled:
+        if searched and enabled:
             start = time.perf_counter()
             enabled, rungs = self._fallback(model, plan, enabled, rungs, fid, ctx, result, sensitivity, fixed)
             result.metrics["seconds_fallback"] = round(time.perf_counter() - start, 2)
@@ -312,6 +305,7 @@ class Int8Pass(Pass):
         rungs.update({name: rung for name, rung in fixed.items() if rung in RUNGS})
         if speed != "off" and enabled and not self._pays_off(model, plan, enabled, rungs, ctx, result):
             return result
+        release(model.graph, plan)
         apply_plan(model, plan, enabled, result, rungs)
         if opts["io"] != "float" and enabled:
             make_integer_io(model, opts["io"], stats, lambda s: calib.clip_range(s, opts["method"], opts["percentile"]),
@@ -457,7 +451,8 @@ class Int8Pass(Pass):
             bias_index = 2 if layer.bias is not None else None
             specs.append(LayerSpec(layer.name, layer.node.op, [t.name for t in layer.inputs], layer.output.name,
                                    layer.weight_index, layer.weight_axis, bias_index))
-        return Plan(specs, params, per_channel, pooled=self._pooled(model.graph, layers, stats, opts, params))
+        return Plan(specs, params, per_channel, encodings=ScratchEncodings(on_store=lambda: release(model.graph)),
+                    pooled=self._pooled(model.graph, layers, stats, opts, params))
 
     @staticmethod
     def _pooled(graph, layers, stats, opts, params) -> dict:
@@ -535,26 +530,28 @@ class Int8Pass(Pass):
 
         def build(assign: dict):
             collect_trials()
+            release(model.graph, plan)  # what the last trial's session read
             trial = trial_copy(model)
             assign = {**assign, **fixed}
             apply_plan(trial, plan, {n for n, c in assign.items() if c == "int8"},
                        fallback={n: c for n, c in assign.items() if c in RUNGS})
+            release(model.graph)  # the float weights the new encodings were made from
             shared.strip(trial.graph)
             return trial.to_proto()  # ORT sorts the nodes itself; no commit needed
 
         names = [spec.name for spec in plan.layers if spec.name not in fixed]
-        mode = ctx.options["sensitivity"]
-        if mode == "auto":  # measured: local errors misrank transformer layers (MiniLM: all float)
-            dense = sum(spec.op in ("MatMul", "Gemm") for spec in plan.layers)
-            mode = "e2e" if 4 * dense >= len(plan.layers) else "hybrid"
+        mode, by_size = sensitivity_mode(model, plan, ctx.options)
         local = None if mode == "e2e" else (  # measured with the bias correction, or now
-            lambda: sensitivity or measure_twins(trial_copy(model), plan, self._eval_samples(ctx), correct=False)[1])
+            lambda: sensitivity or measure_twins(trial_copy(model), plan, self._eval_samples(ctx), correct=False,
+                                                 before_run=(lambda g: unsmoothed_round(g, model, plan))
+                                                 if by_size else None, rounds=TWIN_ROUNDS if by_size else 1)[1])
         ranker = scorer.head(max(1, ctx.options["rank_samples"]), ranking_fidelity(fid))
         refine = ctx.options["refine"] if mode == "hybrid" else 0
 
         def gated(todo: list) -> dict:
             """End-to-end sensitivities from one session (:func:`._quant_qdq.add_gated_twins`)."""
             collect_trials()
+            release(model.graph, plan)
             trial = trial_copy(model)
             every = add_gated_twins(trial, plan)  # every layer's switch is a session input
             gates = {n: g for n, g in every.items() if n in todo}

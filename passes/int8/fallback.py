@@ -28,7 +28,8 @@ Search (each step builds the model with a set of int8 layers and scores it):
    * ``hybrid``: the local ranking, then the ``refine`` most locally sensitive layers are
      re-scored end to end and put first in that order (``refine`` sessions);
    * ``auto`` (default, decided in ``int8.py``): e2e when at least a quarter of the layers
-     are MatMul/Gemm, else hybrid. Measured (2026-11-29, loaded machine, noisy times):
+     are MatMul/Gemm and layers × weight bytes ≤ 16 GiB (the e2e ranking runs the whole model
+     once per layer: the 2.75 GB decoder's 194 runs took > 10 minutes), else hybrid. Measured (2026-11-29, loaded machine, noisy times):
      PP-OCRv4 det hybrid 10 float layers in 17 s vs e2e 7 in 44 s (same box agreement);
      MiniLM hybrid sent nearly every layer to float (int8 then no faster: kept float)
      where e2e kept 27 of 50 in int8 at 0.87× the float latency.
@@ -253,9 +254,11 @@ def activations(model, names: list, samples, lazy: bool = False, threads: int = 
     before the next run. ``lazy``: the values are ``OrtValue`` s, made arrays by the
     consumer one at a time (``.numpy()`` copies: all outputs as arrays at once hold them
     twice until the run's own buffers go; PP-OCRv4 det with every layer's twin: 124 tensors).
-    ``threads``: see :meth:`SharedWeights.session`."""
+    ``threads``: see :meth:`SharedWeights.session`. The session holds only the nodes the
+    ``names`` depend on (:func:`keep_only`)."""
     shared = SharedWeights(model.graph)
     trial = trial_copy(model)
+    keep_only(trial.graph, names)
     shared.strip(trial.graph)
     proto = trial.to_proto()
     add_outputs(proto, names)  # a fresh proto without the shared weights: no copy needed
@@ -274,6 +277,20 @@ def activations(model, names: list, samples, lazy: bool = False, threads: int = 
             yield {k: v for k, v in run(session, sample).items() if k in keep}
     del session
     give_back()
+
+
+def keep_only(graph, names) -> None:
+    """``graph`` (a trial copy) cut to what the tensors ``names`` depend on: they become its
+    only outputs, the other nodes go. Each kept node computes what it computed in the whole
+    graph (sessions at ``opt_level=disable``: node by node), so the values read are the same;
+    the weights of the nodes cut are never exported nor read. The bias correction of the
+    decoder's front Conv read one layer instead of the whole model and its smoothed weights
+    (933 MB decoder: 1.1 GB of anonymous memory less)."""
+    tensors = graph.tensors()
+    wanted = [tensors[n] for n in dict.fromkeys(names) if n in tensors]
+    if len(wanted) == len(set(names)):  # else (a name not in the graph): left whole, as before
+        graph.outputs = wanted
+        graph.cleanup(remove_unused_graph_inputs=False)
 
 
 class Used(float):
