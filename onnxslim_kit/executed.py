@@ -50,7 +50,7 @@ from .bench_macs import graph_shapes, inferred, main_shapes, node_macs
 from .calibration import CalibrationFeed, input_specs
 from .errors import UserError
 from .model import load_proto
-from .runtime import EXTERNAL_FOLDER, OPT_LEVELS, SPILL, _shared_root, session_options, split_weights
+from .runtime import EXTERNAL_FOLDER, OPT_LEVELS, SPILL, shared_root, session_options, split_weights
 from .streaming import set_location
 
 INT8_KERNELS = {"QLinearConv", "ConvInteger", "MatMulInteger", "QLinearMatMul", "QGemm", "DynamicQuantizeMatMul",
@@ -100,11 +100,11 @@ def _hand_over(skeleton: onnx.ModelProto, moved: list, anchored: str | None, so:
     :func:`.runtime.make_session` does: written one by one, page-aligned, to a file in ``folder``
     that ORT maps (no copy of the weights in memory). When other weights stay in their own files
     (``anchored``), ORT's external-data folder is the deepest folder holding both, the anchored
-    tensors named relative to it (:func:`.runtime._shared_root`); only where there is none
+    tensors named relative to it (:func:`.runtime.shared_root`); only where there is none
     (different drives) are the moved weights handed over as arrays, which ORT copies. Returns what
     the session needs kept alive until it is built. Measured on a 933 MB decoder after
     ``fuse,int8``: the arrays cost 0.99 GB of anonymous memory at the report's peak."""
-    root = str(folder) if anchored is None else _shared_root(skeleton, anchored, str(folder))
+    root = str(folder) if anchored is None else shared_root(skeleton, anchored, str(folder))
     if root is None:
         so.add_session_config_entry(EXTERNAL_FOLDER, anchored)
         held = [np.ascontiguousarray(numpy_helper.to_array(t)) for _, t in moved]

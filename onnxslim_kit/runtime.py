@@ -170,7 +170,7 @@ def make_session(
         return ort.InferenceSession(skeleton.SerializeToString(), so, providers=providers, **kwargs)
     in_place = opt_level == "disable"  # module docstring: ORT's optimizers would read the stand-in
     with tempfile.TemporaryDirectory(prefix="slim-ort-", ignore_cleanup_errors=True) as tmp:
-        root = _shared_root(skeleton, folder, tmp)
+        root = shared_root(skeleton, folder, tmp)
         if root is None:  # no folder holds both (Windows drives): ORT copies the arrays
             so.add_session_config_entry(EXTERNAL_FOLDER, folder)
             held = _copied(moved, arrays, so)
@@ -249,7 +249,7 @@ def defer_sourceless(graph: onnx.GraphProto) -> int:
 STAND_IN = "stand-in"  # an empty file the stubs of initializers given in place name (ORT checks it exists)
 
 
-def _shared_root(skeleton: onnx.ModelProto, folder: str | None, tmp: str) -> str | None:
+def shared_root(skeleton: onnx.ModelProto, folder: str | None, tmp: str) -> str | None:
     """The external-data folder of a session whose weights lie in ``folder`` (the anchored ones,
     named relative to it) and in ``tmp``: the deepest folder holding both — ``skeleton``'s
     anchored tensors are renamed relative to it (never with ``..``, which ORT refuses).

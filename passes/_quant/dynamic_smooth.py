@@ -44,10 +44,6 @@ class SmoothLayer:
     inputs: list
     weight_index: int = 1
 
-    @property
-    def name(self) -> str:
-        return self.node.name
-
 
 def layers_of(nodes: list) -> list:
     return [SmoothLayer(node, [node.inputs[0]]) for node in nodes]
@@ -68,14 +64,11 @@ def input_peaks(model, names: list, samples) -> dict:
     return peaks
 
 
-def apply(model, nodes: list, peaks: dict, alpha: float, result) -> int:
-    """Smooth the inputs of ``nodes`` (in ``model.graph``) with ``alpha``; returns the count of
-    smoothed inputs. The weights become lazy ``diag(s)·W`` values (read by the quantizer)."""
-    if alpha <= 0 or not nodes:
-        return 0
-    groups = smooth_mod.smoothable(layers_of(nodes))
-    smooth_mod.smooth(model, groups, peaks, alpha, result)
-    return len(groups)
+def apply(model, nodes: list, peaks: dict, alpha: float, result) -> None:
+    """Smooth the inputs of ``nodes`` (in ``model.graph``) with ``alpha`` (> 0); the weights
+    become lazy ``diag(s)·W`` values (read by the quantizer)."""
+    if alpha > 0 and nodes:
+        smooth_mod.smooth(model, smooth_mod.smoothable(layers_of(nodes)), peaks, alpha, result)
 
 
 def judged_used(model, fid) -> float:
