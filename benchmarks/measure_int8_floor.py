@@ -50,7 +50,7 @@ import run_suite
 
 HERE = Path(__file__).resolve().parent
 FUSE = "fuse"
-FLOOR = "fuse,int8(target=none,fallback=false,max_range=0,heads=false,log=false,concat_ratio=0,grouped=int8)"
+FLOOR = "fuse,int8(target=none,speed=off,fallback=false,max_range=0,heads=false,log=false,concat_ratio=0,grouped=int8)"
 OURS = "fuse,int8"
 NNCF_ANCHORS = ["nncf", "nncf_mixed"]
 CONV_MODELS = ["ppocr_cls_v2", "orientation", "mtcnn_pnet", "mtcnn_onet", "ppocrv4_rec", "ppocrv4_det",

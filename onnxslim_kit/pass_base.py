@@ -116,6 +116,9 @@ class PassResult:
     skipped: Counter = field(default_factory=Counter)
     notes: list = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
+    # options a replay (``--recipe``) runs with instead of the given ones, so that it repeats a
+    # decision this run made from the machine's timings without timing again (int8's ``speed``)
+    replay: dict = field(default_factory=dict)
 
     def rewrite(self, label: str, count: int = 1) -> None:
         if count:

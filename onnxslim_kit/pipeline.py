@@ -283,6 +283,7 @@ def run_pipeline(
             result.skip(str(refusal))
             logger.warning(f"{instance.name}: skipped: {refusal}")
         done.append(instance.name)
+        report.pass_list[index]["options"].update(result.replay)  # the recipe repeats, not re-times
         model.commit()
         elapsed = time.perf_counter() - start
         release(big)  # what the pass dropped (trial graphs are cycles), before the verification session

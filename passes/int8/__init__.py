@@ -61,8 +61,9 @@ Steps:
    ``weights`` (0.30×), held-out worst cosine 0.9949 → 0.9935, latency not worse. The
    report: ``target``, ``budget_used`` / ``budget_allowed`` (fractions of the target's loss
    budget) and a note naming the binding view and the judged samples;
-9. ``speed`` — never slower than float (opt-in; the default ``off`` keeps the output independent
-   of the machine's timings — ``plan`` is where timing decides): ``layers`` (decided before step 8, whose
+9. ``speed`` — never slower than float. The default ``auto`` is ``layers``, or what
+   ``$ONNXSLIM_KIT_SPEED`` names (``off`` for builds whose output must not depend on the building
+   machine: the machine that times should be the kind that runs the model). ``layers`` (decided before step 8, whose
    search then holds these layers float): each layer kind's int8 kernel is timed against its
    float op in one-node ORT models and the layers slower than ``speed_margin`` × float stay
    float, with the measured ratio as the reason; timings go to a timing cache keyed by the
@@ -70,8 +71,12 @@ Steps:
    byte-identical output (:mod:`onnxslim_kit.passes.int8.layer_speed`: the decision is
    machine-dependent, the note says so); then, as with ``model``, the whole int8 candidate is
    timed against float (cached by the two models' sha256), slower → the model stays float
-   (:mod:`onnxslim_kit.passes.int8.speed`); ``off``: neither.
-   ``speed_check=true|false`` is the older spelling of ``model`` / ``off``;
+   (:mod:`onnxslim_kit.passes.int8.speed`; skipped, with a note, above
+   :data:`~onnxslim_kit.passes.int8.layer_speed.MODEL_CHECK_MAX_BYTES` of layer weights, where
+   two whole sessions would double the memory); ``off``: neither.
+   ``speed_check=true|false`` is the older spelling of ``model`` / ``off``. The report's pass
+   list records what the timings decided (``speed=off``, ``speed_decided=`` the layers, or
+   ``*``), so a recipe replays it on any machine without timing;
 10. Q/DQ written for the chosen layers; hard-swish / HardSigmoid between Q points rewritten
     into ``Add → Q → DQ → Mul`` (ORT has no QLinear kernel for them; it runs this as
     QLinearAdd + QLinearMul), squeeze-excite pools quantized on their input
@@ -126,7 +131,18 @@ from onnxslim_kit.passes._quant.qdq import (
     rungs_of,
     upgrade_opset,
 )
-from onnxslim_kit.passes.int8.layer_speed import default_cache_path, model_ratio, slow_layers
+from onnxslim_kit.passes.int8.layer_speed import (
+    MODEL_CHECK_MAX_BYTES,
+    SPEED_ENV,
+    SPEEDS,
+    default_cache_path,
+    layer_weight_bytes,
+    model_ratio,
+    replay_options,
+    replayed_slow_layers,
+    resolve_speed,
+    slow_layers,
+)
 
 KEEP_BYTES = 256 << 20  # smoothable activations kept for their smoothed statistics, at most
 
@@ -198,12 +214,15 @@ class Int8Pass(Pass):
                          parse=check_ladder),
         "io": Option(str, "float", "model inputs/outputs: float, or uint8 / int8 (full-integer, encodings in "
                      "the model's metadata)", ("float", "uint8", "int8")),
-        "speed": Option(str, "off", "int8 only where it pays: layers (each layer kind's int8 kernel timed "
+        "speed": Option(str, "auto", "int8 only where it pays: layers (each layer kind's int8 kernel timed "
                         "against its float op once per machine, through the timing cache; slower → float; then the "
                         "model check), model (the whole int8 candidate timed against float: slower → all float), "
-                        "off (the default: the output does not depend on the machine's timings)",
-                        ("layers", "model", "off")),
+                        f"off (the output does not depend on the machine's timings); auto (the default): "
+                        f"${SPEED_ENV} if set, else layers", SPEEDS),
         "speed_check": Option(bool, None, "older spelling: true = speed=model, false = speed=off"),
+        "speed_decided": Option(str, "", "what a timed speed decision found, for a replay without timing "
+                                "(a recipe sets it, with speed=off): the layers kept float, ';'-separated, "
+                                "or * (the whole model kept float)"),
         "speed_margin": Option(float, 1.0, "speed: keep int8 only where its latency ≤ this × float's"),
         "timing_cache": Option(str, "", "speed: the timing cache file (default "
                                "$ONNXSLIM_KIT_CACHE/timings.json, else ~/.cache/onnxslim_kit/timings.json)"),
@@ -288,11 +307,16 @@ class Int8Pass(Pass):
             result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
             adaround_mod.store(model, plan, learned)  # the learned codes under the bias-corrected encodings
         fixed = self._grouped(model, plan, opts["grouped"], result)
-        speed = opts["speed"] if opts["speed_check"] is None else ("model" if opts["speed_check"] else "off")
+        speed = resolve_speed(opts["speed"]) if opts["speed_check"] is None else \
+            ("model" if opts["speed_check"] else "off")
         result.metrics["speed"] = speed
+        decided = opts["speed_decided"] if speed == "off" else ""
+        slow = {}
         if speed == "layers":  # before the fallback: it searches with these layers float
-            fixed.update(slow_layers(model, plan, {s.name for s in plan.layers} - set(fixed),
-                                     ctx.feed.take(1)[0], opts, result))
+            slow = slow_layers(model, plan, {s.name for s in plan.layers} - set(fixed), ctx.feed.take(1)[0], opts, result)
+        elif decided and decided != "*":
+            slow = replayed_slow_layers(plan, decided, result)
+        fixed.update(slow)
         enabled = {spec.name for spec in plan.layers} - set(fixed)
         rungs = self._rungs(plan, ladder)
         result.metrics["target"] = str(fid.target)
@@ -303,8 +327,12 @@ class Int8Pass(Pass):
         else:
             rungs = {}
         rungs.update({name: rung for name, rung in fixed.items() if rung in RUNGS})
-        if speed != "off" and enabled and not self._pays_off(model, plan, enabled, rungs, ctx, result):
-            return result
+        rejected = bool(enabled) and (decided == "*" or speed != "off" and not self._pays_off(
+            model, plan, enabled, rungs, ctx, result))
+        if speed != "off":
+            result.replay = replay_options(slow, rejected)
+        if rejected:
+            return self._kept_float(plan, enabled, result, decided == "*")
         release(model.graph, plan)
         apply_plan(model, plan, enabled, result, rungs)
         if opts["io"] != "float" and enabled:
@@ -470,8 +498,15 @@ class Int8Pass(Pass):
         return pooled
 
     def _pays_off(self, model, plan, enabled, rungs, ctx, result) -> bool:
-        """True when the int8 candidate runs faster than float by the margin (:mod:`onnxslim_kit.passes.int8.speed`)."""
-        trial = trial_copy(model)
+        """True when the int8 candidate runs faster than float by the margin (:mod:`onnxslim_kit.passes.int8.speed`),
+        or when its layers' float weights exceed :data:`MODEL_CHECK_MAX_BYTES` (two whole sessions
+        and a serialized copy of each model would not fit the memory bound; the note says so)."""
+        weight_bytes = layer_weight_bytes(model, plan, enabled)
+        if weight_bytes > MODEL_CHECK_MAX_BYTES:
+            result.notes.append(f"whole-model speed check skipped ({weight_bytes / 2**30:.1f} GB of layer weights: "
+                                "two sessions would double the memory); the per-layer timings decided")
+            return True
+        trial = model.snapshot()  # its own names: the result's names do not depend on whether this ran
         apply_plan(trial, plan, enabled, fallback=rungs)
         trial.commit()
         ratio, spread, rounds = model_ratio(trial.to_proto(), model.to_proto(), ctx.feed.take(1)[0],
@@ -484,9 +519,16 @@ class Int8Pass(Pass):
         result.notes.append(f"int8 would be {ratio:.2f}× the float latency here (ORT, optimizations on, 1 thread, "
                             f"{rounds} interleaved rounds, spread {spread[0]:.2f}–{spread[1]:.2f}): kept float; "
                             "pass speed=off to force")
+        return False
+
+    @staticmethod
+    def _kept_float(plan, enabled: set, result, replayed: bool) -> PassResult:
+        """The result of a model kept float by the whole-model speed check (timed, or replayed)."""
+        if replayed:
+            result.skip("int8 not faster than float (speed_decided=*, from a timed run)", len(enabled))
         result.metrics["layers_int8"] = 0
         result.metrics["layers_float"] = len(plan.layers)
-        return False
+        return result
 
     @staticmethod
     def _rungs(plan, ladder: list) -> dict:

@@ -1,4 +1,5 @@
-"""Per-layer speed decision of the ``int8`` pass (``speed=layers``): int8 only where it pays.
+"""Per-layer speed decision of the ``int8`` pass (``speed=layers``, what the default ``auto``
+means unless ``$ONNXSLIM_KIT_SPEED`` names another: :func:`resolve_speed`): int8 only where it pays.
 
 ONNX Runtime's int8 kernels are not faster everywhere: on this project's CPUs a depthwise
 QLinearConv measured 4.5–7× its float Conv, so ``fuse,int8`` of ppocr_cls_v2 ran 1.6× slower
@@ -47,7 +48,16 @@ Q or DQ runs over the tensor, and a hard-swish between int8 layers runs as a flo
 ``speed=layers`` ends with the whole-model guard of ``speed=model``: the int8 candidate (the
 fallback's choice, slow layers float) is timed against the float model and kept only when
 its ratio ≤ ``speed_margin``; that timing is cached too, under the sha256 of both models
-(:func:`model_ratio`), so the guard also replays without timing.
+(:func:`model_ratio`), so the guard also replays without timing. Above
+:data:`MODEL_CHECK_MAX_BYTES` of float layer weights (:func:`layer_weight_bytes`) the guard is
+skipped: two whole sessions and a serialized copy of each model would double the memory.
+
+Replay without timing: the run's report records the decision in its pass list as
+``speed=off, speed_decided=<the layers kept float, ';'-separated>`` (or ``*``: the guard kept
+the whole model float; :func:`replay_options`), so ``--recipe`` repeats it on any machine, with
+no cache and no timing, to the same bytes (:func:`replayed_slow_layers` holds those layers float
+at the same step; the guard's trial model has names of its own, so whether it ran does not
+change the result's names).
 """
 
 from __future__ import annotations
@@ -73,6 +83,22 @@ PROVIDER = "CPUExecutionProvider"
 THREADS = 1
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S, BATCH_S = 5, 15, 0.4, 0.002
 TIMED_OPS = ("Conv", "MatMul", "Gemm")
+SPEEDS = ("auto", "layers", "model", "off")  # the ``speed`` option's choices
+SPEED_ENV = "ONNXSLIM_KIT_SPEED"  # what ``speed=auto`` means when set (else ``layers``)
+MODEL_CHECK_MAX_BYTES = 1 << 30  # float weights of the timed layers above which the whole-model check is skipped
+
+
+def resolve_speed(option: str) -> str:
+    """``auto`` → ``$ONNXSLIM_KIT_SPEED`` when it names a speed, else ``layers``; any other value as is.
+
+    The environment variable is the switch for builds that must not depend on the building
+    machine's timings (``ONNXSLIM_KIT_SPEED=off``: the output is the same on every machine)."""
+    if option != "auto":
+        return option
+    env = os.environ.get(SPEED_ENV, "").strip().lower()
+    if env and env not in SPEEDS[1:]:
+        raise UserError(f"${SPEED_ENV}={env!r}: use one of {', '.join(SPEEDS[1:])}")
+    return env or "layers"
 
 
 def default_cache_path() -> Path:
@@ -376,3 +402,36 @@ def slow_layers(model, plan, candidates: set, sample: dict, opts: dict, result, 
                             f"{THREADS} thread, {where['cpu']}: machine-dependent, timing cache {cache.path}, "
                             f"{cache.timed} kinds timed, {cache.cached} cached): {listed}")
     return {name: "float" for name in slow}
+
+
+def layer_weight_bytes(model, plan, names: set) -> int:
+    """Bytes of the float weights of the ``names`` layers (their constant weight inputs at 4 bytes
+    an element: the size of the float model the whole-model check would time)."""
+    nodes = {node.name: node for node in model.graph.nodes}
+    total = 0
+    for spec in plan.layers:
+        node = nodes.get(spec.name)
+        if spec.name in names and node is not None and spec.weight_index is not None:
+            total += 4 * int(np.prod(node.inputs[spec.weight_index].shape or [0]))
+    return total
+
+
+def replay_options(slow: dict, rejected: bool) -> dict:
+    """The options a replay runs with to repeat a timed decision: ``speed=off`` and
+    ``speed_decided`` = ``*`` (the whole model kept float) or the ``slow`` layers, ';'-separated.
+    Empty (the replay times again) when a layer's name holds a ';'."""
+    if any(";" in name for name in slow):
+        return {}
+    return {"speed": "off", "speed_check": None, "speed_decided": "*" if rejected else ";".join(sorted(slow))}
+
+
+def replayed_slow_layers(plan, decided: str, result) -> dict:
+    """``{layer: "float"}`` for the layers ``speed_decided`` names (each must be a layer of the plan)."""
+    names = [n for n in decided.split(";") if n]
+    known = {spec.name for spec in plan.layers}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(f"int8(speed_decided=...): {unknown[0]!r} is not a layer int8 quantizes here "
+                        "(the recipe was made for another model?)")
+    result.skip("int8 slower here (speed_decided, from a timed run)", len(names))
+    return {name: "float" for name in names}

@@ -245,3 +245,68 @@ def test_the_whole_model_guard_keeps_float_when_the_joins_cost_more(tmp_path, mo
     out, rep = quantize(model, f"target=none,timing_cache={tmp_path / 't.json'}")
     assert not static_layers(out) and rep.metrics["speed_ratio"] == 1.3 and rep.metrics["layers_int8"] == 0
     assert any("int8 would be 1.30× the float latency" in n and "pass speed=off to force" in n for n in rep.notes)
+
+
+def test_auto_is_layers_unless_the_environment_names_a_speed(monkeypatch):
+    monkeypatch.delenv(layer_speed.SPEED_ENV, raising=False)
+    assert layer_speed.resolve_speed("auto") == "layers"
+    monkeypatch.setenv(layer_speed.SPEED_ENV, " OFF ")
+    assert layer_speed.resolve_speed("auto") == "off"
+    assert layer_speed.resolve_speed("model") == "model"  # an explicit option wins over the variable
+    monkeypatch.setenv(layer_speed.SPEED_ENV, "fast")
+    with pytest.raises(UserError, match="ONNXSLIM_KIT_SPEED"):
+        layer_speed.resolve_speed("auto")
+
+
+def test_the_default_times_the_layers_when_the_environment_is_unset(tmp_path, monkeypatch):
+    monkeypatch.delenv(layer_speed.SPEED_ENV, raising=False)
+    monkeypatch.setattr(layer_speed, "time_pair", fake_timer([]))
+    out, rep = quantize(mobile_block(), f"speed=auto,target=none,timing_cache={tmp_path / 't.json'}")
+    assert rep.metrics["speed"] == "layers" and rep.metrics["layers_float_speed"] == 1
+    monkeypatch.setenv(layer_speed.SPEED_ENV, "off")
+    out, rep = quantize(mobile_block(), f"speed=auto,target=none,timing_cache={tmp_path / 't.json'}")
+    assert rep.metrics["speed"] == "off" and len(static_layers(out)) == 3
+
+
+def test_the_whole_model_check_is_skipped_above_the_weight_bound(tmp_path, monkeypatch, whole_model_pays):
+    monkeypatch.setattr(layer_speed, "time_pair", fake_timer([]))
+    model = mobile_block()
+    weights = 4 * (8 * 3 * 3 * 3 + 4 * 8)  # float32 weights of the two int8 Convs (the depthwise stays float)
+    import onnxslim_kit.passes.int8 as int8_pass
+    monkeypatch.setattr(int8_pass, "MODEL_CHECK_MAX_BYTES", weights - 1)
+    out, rep = quantize(model, f"target=none,timing_cache={tmp_path / 't.json'}")
+    assert not whole_model_pays and "speed_ratio" not in rep.metrics
+    assert any(n.startswith("whole-model speed check skipped") for n in rep.notes)
+    assert static_layers(out) == {conv_names(out)[0], conv_names(out)[2]}  # the per-layer decision stands
+    monkeypatch.setattr(int8_pass, "MODEL_CHECK_MAX_BYTES", weights)
+    quantize(model, f"target=none,timing_cache={tmp_path / 't2.json'}")
+    assert whole_model_pays  # at the bound it is timed
+
+
+@pytest.mark.parametrize("model_ratio", [0.5, 1.3], ids=["int8-pays", "model-kept-float"])
+def test_a_recipe_replays_the_timed_decision_without_timing(tmp_path, monkeypatch, model_ratio):
+    """The report's pass list records what the timings decided (``speed=off`` and
+    ``speed_decided``), so ``--recipe`` gives the same bytes on a machine that times nothing."""
+    from onnxslim_kit.cli import main
+
+    monkeypatch.delenv(layer_speed.SPEED_ENV, raising=False)
+    monkeypatch.setattr(layer_speed, "time_pair", fake_timer([]))
+    monkeypatch.setattr(speed_mod, "latency_ratio", lambda c, r, s: (model_ratio, [model_ratio] * 2, 3))
+    path, first, again = tmp_path / "m.onnx", tmp_path / "a.onnx", tmp_path / "b.onnx"
+    onnx.save(mobile_block(), path)
+    args = ["--passes", f"int8(target=none,timing_cache={tmp_path / 't.json'})", "-q"]
+    assert main([str(path), *args, "-o", str(first), "--report", str(tmp_path / "r.json")]) == 0
+    options = json.loads((tmp_path / "r.json").read_text())["pass_list"][0]["options"]
+    depthwise = conv_names(onnx.load(first))[1]  # named by the pass
+    assert options["speed"] == "off" and options["speed_decided"] == ("*" if model_ratio > 1 else depthwise)
+    monkeypatch.setattr(layer_speed, "time_pair", no_timer)
+    monkeypatch.setattr(speed_mod, "latency_ratio", no_timer)
+    monkeypatch.setenv("ONNXSLIM_KIT_CACHE", str(tmp_path / "elsewhere"))  # another machine: no cache
+    assert main(["--recipe", str(tmp_path / "r.json"), "-o", str(again), "-q"]) == 0
+    assert first.read_bytes() == again.read_bytes()
+    assert len(static_layers(onnx.load(again))) == (0 if model_ratio > 1 else 2)
+
+
+def test_a_replayed_decision_must_name_layers_of_the_model(tmp_path):
+    with pytest.raises(UserError, match="speed_decided.*'nope' is not a layer"):
+        quantize(mobile_block(), "speed=off,target=none,speed_decided=nope")
