@@ -76,7 +76,8 @@ Steps:
    two whole sessions would double the memory); ``off``: neither.
    ``speed_check=true|false`` is the older spelling of ``model`` / ``off``. The report's pass
    list records what the timings decided (``speed=off``, ``speed_decided=`` the layers, or
-   ``*``), so a recipe replays it on any machine without timing;
+   ``*``), so a recipe replays it on any machine without timing
+   (:mod:`onnxslim_kit.passes.int8.speed_decision`);
 10. Q/DQ written for the chosen layers; hard-swish / HardSigmoid between Q points rewritten
     into ``Add → Q → DQ → Mul`` (ORT has no QLinear kernel for them; it runs this as
     QLinearAdd + QLinearMul), squeeze-excite pools quantized on their input
@@ -131,18 +132,8 @@ from onnxslim_kit.passes._quant.qdq import (
     rungs_of,
     upgrade_opset,
 )
-from onnxslim_kit.passes.int8.layer_speed import (
-    MODEL_CHECK_MAX_BYTES,
-    SPEED_ENV,
-    SPEEDS,
-    default_cache_path,
-    layer_weight_bytes,
-    model_ratio,
-    replay_options,
-    replayed_slow_layers,
-    resolve_speed,
-    slow_layers,
-)
+from onnxslim_kit.passes.int8.layer_speed import SPEED_ENV, SPEEDS
+from onnxslim_kit.passes.int8 import speed_decision
 
 KEEP_BYTES = 256 << 20  # smoothable activations kept for their smoothed statistics, at most
 
@@ -307,15 +298,8 @@ class Int8Pass(Pass):
             result.metrics["seconds_bias_correction"] = round(time.perf_counter() - start, 2)
             adaround_mod.store(model, plan, learned)  # the learned codes under the bias-corrected encodings
         fixed = self._grouped(model, plan, opts["grouped"], result)
-        speed = resolve_speed(opts["speed"]) if opts["speed_check"] is None else \
-            ("model" if opts["speed_check"] else "off")
-        result.metrics["speed"] = speed
-        decided = opts["speed_decided"] if speed == "off" else ""
-        slow = {}
-        if speed == "layers":  # before the fallback: it searches with these layers float
-            slow = slow_layers(model, plan, {s.name for s in plan.layers} - set(fixed), ctx.feed.take(1)[0], opts, result)
-        elif decided and decided != "*":
-            slow = replayed_slow_layers(plan, decided, result)
+        speed = result.metrics["speed"] = speed_decision.resolved_speed(opts)
+        slow = speed_decision.before_search(model, plan, fixed, speed, ctx, result)  # the search holds them float
         fixed.update(slow)
         enabled = {spec.name for spec in plan.layers} - set(fixed)
         rungs = self._rungs(plan, ladder)
@@ -327,12 +311,8 @@ class Int8Pass(Pass):
         else:
             rungs = {}
         rungs.update({name: rung for name, rung in fixed.items() if rung in RUNGS})
-        rejected = bool(enabled) and (decided == "*" or speed != "off" and not self._pays_off(
-            model, plan, enabled, rungs, ctx, result))
-        if speed != "off":
-            result.replay = replay_options(slow, rejected)
-        if rejected:
-            return self._kept_float(plan, enabled, result, decided == "*")
+        if speed_decision.kept_float(model, plan, enabled, rungs, slow, speed, ctx, result):
+            return result
         release(model.graph, plan)
         apply_plan(model, plan, enabled, result, rungs)
         if opts["io"] != "float" and enabled:
@@ -496,39 +476,6 @@ class Int8Pass(Pass):
             params[name] = activation_params(lo, hi, opts["activations"])
             pooled[name] = out
         return pooled
-
-    def _pays_off(self, model, plan, enabled, rungs, ctx, result) -> bool:
-        """True when the int8 candidate runs faster than float by the margin (:mod:`onnxslim_kit.passes.int8.speed`),
-        or when its layers' float weights exceed :data:`MODEL_CHECK_MAX_BYTES` (two whole sessions
-        and a serialized copy of each model would not fit the memory bound; the note says so)."""
-        weight_bytes = layer_weight_bytes(model, plan, enabled)
-        if weight_bytes > MODEL_CHECK_MAX_BYTES:
-            result.notes.append(f"whole-model speed check skipped ({weight_bytes / 2**30:.1f} GB of layer weights: "
-                                "two sessions would double the memory); the per-layer timings decided")
-            return True
-        trial = model.snapshot()  # its own names: the result's names do not depend on whether this ran
-        apply_plan(trial, plan, enabled, fallback=rungs)
-        trial.commit()
-        ratio, spread, rounds = model_ratio(trial.to_proto(), model.to_proto(), ctx.feed.take(1)[0],
-                                            ctx.options["timing_cache"] or default_cache_path())
-        result.metrics["speed_ratio"] = round(ratio, 3)
-        result.metrics["speed_rounds"] = rounds
-        if ratio <= ctx.options["speed_margin"]:
-            return True
-        result.skip(f"int8 not faster than float here ({ratio:.2f}× its latency): kept float", len(enabled))
-        result.notes.append(f"int8 would be {ratio:.2f}× the float latency here (ORT, optimizations on, 1 thread, "
-                            f"{rounds} interleaved rounds, spread {spread[0]:.2f}–{spread[1]:.2f}): kept float; "
-                            "pass speed=off to force")
-        return False
-
-    @staticmethod
-    def _kept_float(plan, enabled: set, result, replayed: bool) -> PassResult:
-        """The result of a model kept float by the whole-model speed check (timed, or replayed)."""
-        if replayed:
-            result.skip("int8 not faster than float (speed_decided=*, from a timed run)", len(enabled))
-        result.metrics["layers_int8"] = 0
-        result.metrics["layers_float"] = len(plan.layers)
-        return result
 
     @staticmethod
     def _rungs(plan, ladder: list) -> dict:

@@ -52,12 +52,8 @@ its ratio ≤ ``speed_margin``; that timing is cached too, under the sha256 of b
 :data:`MODEL_CHECK_MAX_BYTES` of float layer weights (:func:`layer_weight_bytes`) the guard is
 skipped: two whole sessions and a serialized copy of each model would double the memory.
 
-Replay without timing: the run's report records the decision in its pass list as
-``speed=off, speed_decided=<the layers kept float, ';'-separated>`` (or ``*``: the guard kept
-the whole model float; :func:`replay_options`), so ``--recipe`` repeats it on any machine, with
-no cache and no timing, to the same bytes (:func:`replayed_slow_layers` holds those layers float
-at the same step; the guard's trial model has names of its own, so whether it ran does not
-change the result's names).
+Replay without timing: the run's report records the decision (``speed=off``, ``speed_decided``),
+so a recipe repeats it on any machine with no cache (:mod:`onnxslim_kit.passes.int8.speed_decision`).
 """
 
 from __future__ import annotations
@@ -415,23 +411,3 @@ def layer_weight_bytes(model, plan, names: set) -> int:
             total += 4 * int(np.prod(node.inputs[spec.weight_index].shape or [0]))
     return total
 
-
-def replay_options(slow: dict, rejected: bool) -> dict:
-    """The options a replay runs with to repeat a timed decision: ``speed=off`` and
-    ``speed_decided`` = ``*`` (the whole model kept float) or the ``slow`` layers, ';'-separated.
-    Empty (the replay times again) when a layer's name holds a ';'."""
-    if any(";" in name for name in slow):
-        return {}
-    return {"speed": "off", "speed_check": None, "speed_decided": "*" if rejected else ";".join(sorted(slow))}
-
-
-def replayed_slow_layers(plan, decided: str, result) -> dict:
-    """``{layer: "float"}`` for the layers ``speed_decided`` names (each must be a layer of the plan)."""
-    names = [n for n in decided.split(";") if n]
-    known = {spec.name for spec in plan.layers}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise UserError(f"int8(speed_decided=...): {unknown[0]!r} is not a layer int8 quantizes here "
-                        "(the recipe was made for another model?)")
-    result.skip("int8 slower here (speed_decided, from a timed run)", len(names))
-    return {name: "float" for name in names}

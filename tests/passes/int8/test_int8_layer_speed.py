@@ -272,13 +272,13 @@ def test_the_whole_model_check_is_skipped_above_the_weight_bound(tmp_path, monke
     monkeypatch.setattr(layer_speed, "time_pair", fake_timer([]))
     model = mobile_block()
     weights = 4 * (8 * 3 * 3 * 3 + 4 * 8)  # float32 weights of the two int8 Convs (the depthwise stays float)
-    import onnxslim_kit.passes.int8 as int8_pass
-    monkeypatch.setattr(int8_pass, "MODEL_CHECK_MAX_BYTES", weights - 1)
+    from onnxslim_kit.passes.int8 import speed_decision
+    monkeypatch.setattr(speed_decision, "MODEL_CHECK_MAX_BYTES", weights - 1)
     out, rep = quantize(model, f"target=none,timing_cache={tmp_path / 't.json'}")
     assert not whole_model_pays and "speed_ratio" not in rep.metrics
     assert any(n.startswith("whole-model speed check skipped") for n in rep.notes)
     assert static_layers(out) == {conv_names(out)[0], conv_names(out)[2]}  # the per-layer decision stands
-    monkeypatch.setattr(int8_pass, "MODEL_CHECK_MAX_BYTES", weights)
+    monkeypatch.setattr(speed_decision, "MODEL_CHECK_MAX_BYTES", weights)
     quantize(model, f"target=none,timing_cache={tmp_path / 't2.json'}")
     assert whole_model_pays  # at the bound it is timed
 
