@@ -459,6 +459,9 @@ def run(session: ort.InferenceSession, sample: dict) -> dict:
     return values
 
 
+TIMINGS_ENV = "ONNXSLIM_KIT_TIMINGS"  # a file: the default timing cache of the passes (``plan --timing-cache`` sets it)
+
+
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), else what :mod:`platform` says: part of every timing
     cache key (the plan's and int8's layer timings)."""

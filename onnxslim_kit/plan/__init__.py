@@ -42,7 +42,7 @@ from . import profile as op_profile
 from .candidates import GOALS, Candidate, checked_pipelines
 from .choose import choose, pareto_front
 from .local import LocalExecutor
-from .timing_cache import TimingCache, machine_fields
+from .timing_cache import TimingCache, machine_fields, shared_with_passes
 
 __all__ = ["plan", "PlanResult", "GOALS"]
 
@@ -151,7 +151,7 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
     machine = machine_fields(full_provider, threads)
     executor = executor if executor is not None else LocalExecutor()
     sensitivity = {}
-    with executor:
+    with executor, shared_with_passes(cache):
         candidates, stopped = executor.candidates(model, pipelines, settings, budget_s, progress, log)
         if mix_search and not stopped:
             deadline = None if budget_s is None else start + budget_s

@@ -21,6 +21,12 @@ What runs where:
    driver's machine. A node that offers Ray no CPU (a head started with ``--num-cpus 0``) is timed
    in the driver's own process instead.
 4. Goal memory's peaks and ``--html``'s op profiles run in the driver, as locally.
+5. ``int8``'s per-layer kernel timings (its ``speed`` decision) run inside the optimize tasks,
+   each reading and extending the plan's ``--timing-cache`` file (``$ONNXSLIM_KIT_TIMINGS``, set
+   in the tasks' runtime environment): a path the workers must see (one machine, or a shared
+   folder). Two int8 candidates on one node may time one layer kind at the same time; each
+   kind is timed as the fastest of several runs, which a busy core only makes slower, and a
+   cached kind is never timed again. ``ONNXSLIM_KIT_SPEED=off`` leaves them out.
 
 ``budget_s``: ``fuse`` always finishes; once ``budget_s`` seconds have passed since the start, the
 tasks not finished are cancelled and their pipelines reported as skipped.
@@ -37,6 +43,7 @@ import time
 from pathlib import Path
 
 from ..errors import SlimError, UserError
+from ..runtime import TIMINGS_ENV
 from .candidates import Candidate, finish
 from .local import LocalExecutor
 
@@ -207,7 +214,9 @@ class RayExecutor:
         task_settings = {k: v for k, v in settings.items() if k not in ("calib", "eval_data", "progress")}
         calib_ref, eval_ref = self._put(pack_source(calib)), self._put(pack_source(eval_data))
         remote = self.ray.remote(optimize_task)
-        refs = {p: remote.options(name=f"plan {p}", num_cpus=1, num_returns=2, max_retries=0).remote(
+        env = {TIMINGS_ENV: os.environ[TIMINGS_ENV]} if os.environ.get(TIMINGS_ENV) else {}
+        extra = {"runtime_env": {"env_vars": env}} if env else {}  # int8's layer timings: the plan's cache file
+        refs = {p: remote.options(name=f"plan {p}", num_cpus=1, num_returns=2, max_retries=0, **extra).remote(
                     self._model_ref, calib_ref, eval_ref, p, task_settings, shown) for p in pipelines}
         metas, stopped = self._collect(refs, budget_s, start, progress, log)
         candidates = []

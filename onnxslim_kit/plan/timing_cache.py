@@ -17,17 +17,24 @@ op profile (``--html``, :mod:`.profile`) are stored under the same key plus ``|m
 ``|profile``; they are not paired, so they carry no original's sha256.
 
 The file is read once (a missing file is an empty cache; an unreadable or malformed one is a
-one-line error) and written atomically after the plan, entries sorted by key.
+one-line error) and written atomically after the plan, entries sorted by key. While the
+candidates run, ``int8``'s per-layer kernel timings go to the same file
+(:func:`shared_with_passes`: ``$ONNXSLIM_KIT_TIMINGS``, keys ``int8-layer|…`` and ``int8-model|…``,
+merged and replaced atomically by the pass); writing keeps the entries found on disk that the
+plan does not hold, so a shipped cache lets a second plan time nothing, int8 included, on a
+machine whose own cache folder is empty.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import UserError
-from ..runtime import cpu_model  # noqa: F401 - re-exported: part of every key
+from ..runtime import TIMINGS_ENV, cpu_model  # noqa: F401 - cpu_model re-exported: part of every key
 
 FORMAT = 1
 
@@ -76,7 +83,28 @@ class TimingCache:
         self.added += 1
 
     def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, "entries": dict(sorted(self.entries.items()))}, indent=2)
+        """The entries, with those on disk it does not hold (the passes' timings) kept."""
+        on_disk = _read(self.path) if self.path is not None and self.path.exists() else {}
+        entries = {**on_disk, **self.entries}
+        return json.dumps({"format": FORMAT, "entries": dict(sorted(entries.items()))}, indent=2)
+
+
+@contextmanager
+def shared_with_passes(cache: TimingCache):
+    """While open, ``int8``'s per-layer timings read and extend ``cache``'s file (module docstring);
+    an in-memory cache changes nothing."""
+    if cache.path is None:
+        yield
+        return
+    before = os.environ.get(TIMINGS_ENV)
+    os.environ[TIMINGS_ENV] = str(cache.path.resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TIMINGS_ENV, None)
+        else:
+            os.environ[TIMINGS_ENV] = before
 
 
 def _read(path: Path) -> dict:

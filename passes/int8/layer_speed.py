@@ -34,8 +34,9 @@ Determinism: every timing goes to a timing cache (JSON, the format of
 
     int8-layer | op | shape and attribute fields | provider | threads | ORT version | CPU model
 
-at ``timing_cache=PATH`` or ``$ONNXSLIM_KIT_CACHE/timings.json`` (else
-``~/.cache/onnxslim_kit/timings.json``). A kind found there is not timed again, so the same
+at ``timing_cache=PATH``, ``$ONNXSLIM_KIT_TIMINGS``, or ``$ONNXSLIM_KIT_CACHE/timings.json`` (else
+``~/.cache/onnxslim_kit/timings.json``); ``plan --timing-cache FILE`` points the variable at
+FILE while its candidates run, so the plan's cache holds their layer timings too. A kind found there is not timed again, so the same
 machine and cache give byte-identical output, and a cache shipped with a recipe replays its
 decisions; a machine with another CPU or ORT misses the cache and measures its own (the
 decision is machine-dependent, and the report says so). The file is merged with what is on
@@ -71,7 +72,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.passes._common.graph import attr, const_value, consumers
-from onnxslim_kit.runtime import cpu_model
+from onnxslim_kit.runtime import TIMINGS_ENV, cpu_model
 
 KEY_PREFIX = "int8-layer"
 FORMAT = 1  # the plan's timing cache format: {"format": 1, "entries": {key: entry}}
@@ -98,6 +99,10 @@ def resolve_speed(option: str) -> str:
 
 
 def default_cache_path() -> Path:
+    """``$ONNXSLIM_KIT_TIMINGS`` (a file: ``plan --timing-cache`` points it at its own cache),
+    else ``timings.json`` under ``$ONNXSLIM_KIT_CACHE`` or ``~/.cache/onnxslim_kit``."""
+    if os.environ.get(TIMINGS_ENV):
+        return Path(os.environ[TIMINGS_ENV])
     env = os.environ.get("ONNXSLIM_KIT_CACHE")
     return (Path(env) if env else Path.home() / ".cache" / "onnxslim_kit") / "timings.json"
 

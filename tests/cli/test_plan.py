@@ -222,3 +222,36 @@ def test_choose_under_goal_memory_mirrors_the_latency_rules():
     assert choose([fuse, fake("fuse,int8", 20.4, 30)], "memory") is fuse  # within 3 % but above fuse's peak
     assert pareto_front([fuse, int8, fp16]) == ["fuse", "fuse,int8", "fuse,fp16"]
     assert pareto_front([fuse, int8, fake("fuse,fp16", 12.5, 40)]) == ["fuse", "fuse,int8"]
+
+
+def test_the_plans_timing_cache_holds_int8s_layer_timings_so_a_second_plan_times_nothing(files, tmp_path,
+                                                                                          monkeypatch):
+    """With ``speed=auto`` (the environment unset), int8's per-layer timings go to the plan's
+    ``--timing-cache``: a second plan on a machine whose own cache folder is empty times nothing."""
+    from onnxslim_kit.passes.int8 import layer_speed
+
+    def fake_pair(fields):
+        ratio = 0.5 if fields["op"] == "MatMul" else 2.0  # the Conv "slower in int8"
+        return {"ratio": ratio, "spread": [ratio, ratio], "float_ms": 1.0, "int8_ms": ratio, "rounds": 3, "reps": 1}
+
+    monkeypatch.delenv(layer_speed.SPEED_ENV, raising=False)
+    monkeypatch.setenv("ONNXSLIM_KIT_CACHE", str(tmp_path / "machine-a"))
+    monkeypatch.setattr(layer_speed, "time_pair", fake_pair)
+    cache = tmp_path / "timing.json"
+    first, report = _plan(files, tmp_path, "--timing-cache", str(cache), "--pipelines", "fuse;fuse,int8", name="a")
+    keys = json.loads(cache.read_text())["entries"]
+    assert sum(k.startswith("int8-layer|") for k in keys) == 2  # the Conv and the MatMul kind
+    assert not (tmp_path / "machine-a" / "timings.json").exists()
+    int8_run = next(c for c in report["candidates"] if c["pipeline"] == "fuse,int8")
+    assert int8_run["error"] is None
+
+    def no_timing(*_, **__):
+        raise AssertionError("timed although the plan's cache holds it")
+
+    monkeypatch.setenv("ONNXSLIM_KIT_CACHE", str(tmp_path / "machine-b"))
+    monkeypatch.setattr(layer_speed, "time_pair", no_timing)
+    monkeypatch.setattr(bench, "benchmark", no_timing)
+    second, again = _plan(files, tmp_path, "--timing-cache", str(cache), "--pipelines", "fuse;fuse,int8", name="b")
+    assert second.read_bytes() == first.read_bytes() and again["chosen"] == report["chosen"]
+    assert json.loads(cache.read_text())["entries"] == keys
+    assert layer_speed.TIMINGS_ENV not in __import__("os").environ  # restored after the plan
