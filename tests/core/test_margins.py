@@ -121,3 +121,15 @@ def test_the_pipeline_pools_the_fit_samples_margins():
     fidelity = Fidelity.build(model, "cos:0.99", samples, pool_feed=fit)
     pool = fidelity.margin_pool["p"]
     assert sorted(np.round(pool, 3)) == [0.1, 0.2, 5.0, 5.5, 6.0, 6.5]
+
+
+def test_a_runner_up_at_zero_is_below_resolution_not_a_shift():
+    """A uint8 output (steps of 1/255) writes a sure row's runner-up as 0: its move cannot be
+    read, so only the top class's move counts; a top class gone to 0 still counts in full."""
+    ref = _two_class(np.linspace(8.0, 20.0, 16))
+    got = np.round(ref * 255) / 255  # runner-ups → 0, tops → 1
+    margin, shift = margins_and_shifts(ref, got)
+    assert np.all(got[:, 1] == 0) and shift.max() < 1e-3
+    assert estimated_agreement(margin, shift) == 1.0
+    flipped = got[::-1].copy()[:, ::-1]  # every top class at 0, the runner-up at 1
+    assert margins_and_shifts(ref, flipped)[1].min() > 50
