@@ -57,12 +57,15 @@ samples, so the budget fraction they use is a lower bound of the final ``u``::
     u_cos/rel(samples seen)  >  allowed   ⇒  fail
 
 Decision agreements are pooled over the samples (``Σ hits / Σ counted``). They are bounded
-once, after the first sample (where a failing candidate mostly fails), by judging it with the
+after the first sample (where a failing candidate mostly fails) by judging it with the
 samples not run yet *completed by the reference itself*: an agreement is at its best when
 each remaining sample adds exactly its reference's decisions, all agreeing (a sample's hits ≤
 its reference count ≤ its counted, and ``(h + a) / (c + a)`` is the largest such ratio). That
-judges every sample once more, so it is not repeated; a user ``metric:V`` has no bound and
-runs every sample. Only a trial that ran every sample gets a verdict.
+judges every sample once more, so where the samples run in batches it is not repeated; where
+they run one at a time (large inputs, where a run costs far more than a judgement) it is
+repeated after each sample (yolov8n_doclaynet at 1024², whose score sets fail on a later
+sample: a failing trial stops there instead of running all of them). A user ``metric:V`` has
+no bound and runs every sample. Only a trial that ran every sample gets a verdict.
 """
 
 from __future__ import annotations
@@ -439,8 +442,8 @@ class Scorer:
             if stop_above is None or i + 1 == len(self.samples):
                 continue
             bound = self._bound(worst, got[-1], i) if self.bounded else 0.0
-            if i == 0 and self.pooled and bound <= stop_above:  # the decisions too, once
-                bound = self.judge(got + self.reference[1:]).used
+            if self.pooled and bound <= stop_above and (i == 0 or self.batch is None):  # the decisions too
+                bound = self.judge(got + self.reference[i + 1:]).used
             if bound > stop_above:
                 return Used(bound)
         return Used.of(self.judge(got))
@@ -480,9 +483,17 @@ def rank_layers(names: list, build_one, rank_score, progress=lambda it, **_: it,
     return head + [n for n in order if n not in e2e], {**sens, **e2e}
 
 
-def smallest_k(m: int, ok) -> int:
+TIGHT = 0.5  # choose_fallback: a level whose base uses more of the budget tries "all but one" first
+
+
+def smallest_k(m: int, ok, tight: bool = False) -> int:
     """Smallest ``k`` in 1..m with ``ok(k)`` (``ok`` monotone, ``ok(m)`` true): k = 1, 2, 4, …
-    until it holds, then a bisection between the last two."""
+    until it holds, then a bisection between the last two. ``tight`` (``ok(m)`` itself is near
+    the limit, so that few of the m can move): ``k = m − 1`` is tried first, and when it fails
+    the answer is ``m``, found in one trial instead of ``log₂ m`` doublings and a bisection
+    (yolov8n_doclaynet: no layer on the weights rung could go back to static int8, 5 trials → 1)."""
+    if tight and m > 1 and not ok(m - 1):
+        return m
     k_ok, k_bad, k = None, 0, 1
     while k_ok is None:
         k = min(k, m)
@@ -549,7 +560,8 @@ def choose_fallback(names: list, build, score, allowed: float, options: dict | N
         if level < d and value(trial(0)) <= allowed:
             j = 0
         else:
-            j = smallest_k(n - start, lambda j, trial=trial: value(trial(j)) <= allowed) if start < n else 0
+            tight = value(list(levels)) > TIGHT * allowed  # the level's base: known, not run again
+            j = smallest_k(n - start, lambda j, trial=trial: value(trial(j)) <= allowed, tight) if start < n else 0
         levels, start = trial(j), start + j
     chosen = assign(levels)
     if log:

@@ -378,11 +378,7 @@ def model_ratio(candidate: onnx.ModelProto, reference: onnx.ModelProto, sample: 
 def slow_layers(model, plan, candidates: set, sample: dict, opts: dict, result, timer=None) -> dict:
     """``{layer: "float"}`` for the ``candidates`` whose int8 kernel is slower than
     ``speed_margin`` × float (module docstring), reported in ``result``."""
-    from onnxslim_kit.bench_macs import main_shapes
-
-    proto = model.to_proto()
-    del proto.graph.value_info[:]  # the committed shapes hold -1 / symbolic dims: inferred again at the sample's
-    shapes = main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=sample)
+    shapes = _layer_shapes(model, plan, candidates, sample)
     nodes = {node.name: node for node in model.graph.nodes}
     cache = LayerTimings(opts["timing_cache"] or default_cache_path())
     where, margin, slow = machine(), opts["speed_margin"], {}
@@ -403,6 +399,20 @@ def slow_layers(model, plan, candidates: set, sample: dict, opts: dict, result, 
                             f"{THREADS} thread, {where['cpu']}: machine-dependent, timing cache {cache.path}, "
                             f"{cache.timed} kinds timed, {cache.cached} cached): {listed}")
     return {name: "float" for name in slow}
+
+
+def _layer_shapes(model, plan, candidates: set, sample: dict) -> dict:
+    """``{tensor: shape}`` at the sample's input shapes: inferred, and what inference leaves
+    open measured by one ORT run — but above :data:`MODEL_CHECK_MAX_BYTES` of the candidates'
+    weights inferred only, on a proto without the weights (:meth:`Model.session_proto`): a whole
+    copy of the model and a session beside it would triple the memory (the 2.75 GB decoder
+    peaked at 3.2× its size), and its MatMul shapes all infer."""
+    from onnxslim_kit.bench_macs import main_shapes
+
+    big = layer_weight_bytes(model, plan, candidates) > MODEL_CHECK_MAX_BYTES
+    proto = model.session_proto()[0] if big else model.to_proto()
+    del proto.graph.value_info[:]  # the committed shapes hold -1 / symbolic dims: inferred again at the sample's
+    return main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=None if big else sample)
 
 
 def layer_weight_bytes(model, plan, names: set) -> int:

@@ -1,0 +1,34 @@
+"""``smallest_k``: the fewest most sensitive layers the fallback keeps off a level."""
+
+import pytest
+
+from onnxslim_kit.passes.int8.fallback import smallest_k
+
+
+def counting(answer: int):
+    asked = []
+
+    def ok(k):
+        asked.append(k)
+        return k >= answer
+    return ok, asked
+
+
+@pytest.mark.parametrize("tight", [False, True])
+@pytest.mark.parametrize("m", [1, 2, 5, 9, 17, 60])
+def test_it_finds_the_smallest_k_for_every_answer(m, tight):
+    for answer in range(1, m + 1):
+        ok, _ = counting(answer)
+        assert smallest_k(m, ok, tight) == answer
+
+
+def test_doubling_then_bisection():
+    ok, asked = counting(12)
+    assert smallest_k(60, ok) == 12 and asked == [1, 2, 4, 8, 16, 12, 10, 11]
+
+
+def test_a_tight_base_tries_all_but_one_first():
+    ok, asked = counting(30)
+    assert smallest_k(30, ok, tight=True) == 30 and asked == [29]  # no layer can move: one trial
+    ok, asked = counting(3)
+    assert smallest_k(30, ok, tight=True) == 3 and asked == [29, 1, 2, 4, 3]  # one trial more
