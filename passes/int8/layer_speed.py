@@ -381,18 +381,22 @@ def slow_layers(model, plan, candidates: set, sample: dict, opts: dict, result, 
     shapes = _layer_shapes(model, plan, candidates, sample)
     nodes = {node.name: node for node in model.graph.nodes}
     cache = LayerTimings(opts["timing_cache"] or default_cache_path())
-    where, margin, slow = machine(), opts["speed_margin"], {}
+    where, margin, slow, untimed = machine(), opts["speed_margin"], {}, 0
     for spec in plan.layers:
         fields = describe(spec, nodes[spec.name], shapes, opts["activations"], plan.per_channel) \
             if spec.name in candidates and spec.name in nodes else None
         if fields is None:
+            untimed += spec.name in candidates
             continue
         entry = cache.get(fields, where, timer or time_pair)
         if entry["ratio"] > margin:
             slow[spec.name] = entry["ratio"]
             result.skip(f"int8 slower here: {entry['ratio']:.2f}× float (measured)")
     cache.save()
-    result.metrics.update(speed_timed=cache.timed, speed_cached=cache.cached, layers_float_speed=len(slow))
+    result.metrics.update(speed_timed=cache.timed, speed_cached=cache.cached, layers_float_speed=len(slow),
+                          layers_speed_untimed=untimed)
+    if untimed:
+        result.notes.append(f"speed: {untimed} layer(s) not timed (shapes unknown at the sample's; they stay int8)")
     if slow:
         listed = ", ".join(f"{n} {r:.2f}×" for n, r in list(slow.items())[:8]) + (" …" if len(slow) > 8 else "")
         result.notes.append(f"kept float for speed (int8 kernel > {margin:g}× float; ORT {where['onnxruntime']}, "
@@ -403,16 +407,18 @@ def slow_layers(model, plan, candidates: set, sample: dict, opts: dict, result, 
 
 def _layer_shapes(model, plan, candidates: set, sample: dict) -> dict:
     """``{tensor: shape}`` at the sample's input shapes: inferred, and what inference leaves
-    open measured by one ORT run — but above :data:`MODEL_CHECK_MAX_BYTES` of the candidates'
-    weights inferred only, on a proto without the weights (:meth:`Model.session_proto`): a whole
-    copy of the model and a session beside it would triple the memory (the 2.75 GB decoder
-    peaked at 3.2× its size), and its MatMul shapes all infer."""
+    open measured by one ORT run. Above :data:`MODEL_CHECK_MAX_BYTES` of the candidates'
+    weights, the graph's own fully known shapes only (no export, no run): exporting the model
+    for inference touched every weight page (the 2.75 GB decoder peaked at 2.1–3.2× its size),
+    so layers whose shapes are symbolic there are not timed (:func:`slow_layers` says how many)."""
     from onnxslim_kit.bench_macs import main_shapes
 
-    big = layer_weight_bytes(model, plan, candidates) > MODEL_CHECK_MAX_BYTES
-    proto = model.session_proto()[0] if big else model.to_proto()
+    if layer_weight_bytes(model, plan, candidates) > MODEL_CHECK_MAX_BYTES:
+        return {name: list(t.shape) for name, t in model.graph.tensors().items()
+                if t.shape is not None and all(isinstance(d, int) and d >= 0 for d in t.shape)}
+    proto = model.to_proto()
     del proto.graph.value_info[:]  # the committed shapes hold -1 / symbolic dims: inferred again at the sample's
-    return main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=None if big else sample)
+    return main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=sample)
 
 
 def layer_weight_bytes(model, plan, names: set) -> int:
