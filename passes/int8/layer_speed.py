@@ -408,17 +408,33 @@ def slow_layers(model, plan, candidates: set, sample: dict, opts: dict, result, 
 def _layer_shapes(model, plan, candidates: set, sample: dict) -> dict:
     """``{tensor: shape}`` at the sample's input shapes: inferred, and what inference leaves
     open measured by one ORT run. Above :data:`MODEL_CHECK_MAX_BYTES` of the candidates'
-    weights, the graph's own fully known shapes only (no export, no run): exporting the model
-    for inference touched every weight page (the 2.75 GB decoder peaked at 2.1–3.2× its size),
-    so layers whose shapes are symbolic there are not timed (:func:`slow_layers` says how many)."""
+    weights, the graph's own shapes only (:func:`_graph_shapes`; no export, no run): exporting
+    the model for inference touched every weight page (the 2.75 GB decoder peaked at 3.2× its
+    size), so layers whose shapes stay unknown are not timed (:func:`slow_layers` says how many)."""
     from onnxslim_kit.bench_macs import main_shapes
 
     if layer_weight_bytes(model, plan, candidates) > MODEL_CHECK_MAX_BYTES:
-        return {name: list(t.shape) for name, t in model.graph.tensors().items()
-                if t.shape is not None and all(isinstance(d, int) and d >= 0 for d in t.shape)}
+        return _graph_shapes(model.graph, sample)
     proto = model.to_proto()
     del proto.graph.value_info[:]  # the committed shapes hold -1 / symbolic dims: inferred again at the sample's
     return main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=sample)
+
+
+def _graph_shapes(graph, sample: dict) -> dict:
+    """``{tensor: shape}`` of the graph's tensors whose dims are numbers, or symbols that a
+    graph input names with the sample's size there (``batch``, ``seq``: 1, 32)."""
+    sizes = {}
+    for tensor in graph.inputs:
+        if tensor.name in sample and tensor.shape is not None:
+            for dim, size in zip(tensor.shape, np.shape(sample[tensor.name])):
+                if isinstance(dim, str) and dim:
+                    sizes[dim] = int(size)
+    out = {}
+    for name, tensor in graph.tensors().items():
+        dims = [sizes.get(d, d) if isinstance(d, str) else d for d in (tensor.shape or [None])]
+        if tensor.shape is not None and all(isinstance(d, int) and d >= 0 for d in dims):
+            out[name] = dims
+    return out
 
 
 def layer_weight_bytes(model, plan, names: set) -> int:

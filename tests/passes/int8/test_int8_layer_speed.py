@@ -324,3 +324,15 @@ def test_above_the_weight_bound_the_shapes_come_from_the_graph_alone(tmp_path, m
     big, rep_big = quantize(mobile_block(), f"target=none,timing_cache={tmp_path / 'b.json'}")
     assert rep_big.metrics["layers_float_speed"] == rep_small.metrics["layers_float_speed"] == 1
     assert rep_big.metrics["layers_speed_untimed"] == 0 and static_layers(big) == static_layers(small)
+
+
+def test_graph_shapes_read_symbolic_dims_at_the_samples_sizes():
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 13]>
+    g (float[batch, seq, 4] x) => (float[batch, seq, 2] y) {
+        h = MatMul (x, w)
+        y = Relu (h)
+    }""")
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((4, 2), np.float32), "w"))
+    graph = Model.from_proto(onnx.shape_inference.infer_shapes(model)).graph
+    shapes = layer_speed._graph_shapes(graph, {"x": np.zeros((1, 32, 4), np.float32)})
+    assert shapes["x"] == [1, 32, 4] and shapes["w"] == [4, 2] and shapes["h"] == [1, 32, 2]
