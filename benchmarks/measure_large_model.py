@@ -15,7 +15,8 @@ Steps, each in a child process (the benchmark process itself holds no model):
    calib.npz --eval eval.npz``, then the anchors: onnxsim and ORT ``quantize_static`` (QDQ)
    through ``anchors.py``'s child protocol, ORT ``MatMulNBitsQuantizer`` (its C++
    round-to-nearest, ``DefaultWeightOnlyQuantConfig``, block 64, asymmetric: the settings of
-   our ``int4`` defaults) through this file's own child;
+   our ``int4`` defaults) through this file's own child; then the ``--after-anchors`` pipelines
+   (slow ones last, so that a run stopped early has the anchors' rows);
 4. for each output written: a drift child loads it with plain ONNX Runtime (CPU, 1 thread) and
    runs the held-out samples — cosine per output and sample vs ``ref.npz``
    (``onnxslim_kit.metrics.compare``); the worst is the row's figure.
@@ -29,7 +30,8 @@ runs under ``RLIMIT_AS = --mem-cap-gb`` (set on this process before any child st
 inherited; *per process*, and virtual: a memory-mapped data file counts in full) and
 ``--time-cap-s``; a child over a cap is a row marked ``memory cap`` / ``time cap``, the run
 goes on. Output: ``results/large-model-<date>-<name>.md`` and ``.json`` (exact command,
-versions, CPU, the 1-minute load before and after, every row).
+versions, CPU, the 1-minute load before and after, every row), rewritten after each row
+(``finished`` is empty until the last one): a stopped run keeps the rows it measured.
 
 A fixed state of the code while others edit the checkout: copy ``onnxslim_kit/`` and ``passes/``
 (as ``onnxslim_kit/passes``) to a folder and run with ``PYTHONPATH=<folder>``; every child
@@ -366,6 +368,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=32, help="sequence length of the samples (default 32)")
     parser.add_argument("--pipelines", nargs="*", default=PIPELINES, help="our --passes values (default: all)")
     parser.add_argument("--anchors", default=",".join(ANCHORS), help=f"comma list or none (default {ANCHORS})")
+    parser.add_argument("--after-anchors", nargs="*", default=[],
+                        help="more --passes values, run after the anchors (slow ones last: a run stopped early "
+                             "still has the anchors' rows)")
     parser.add_argument("--mem-cap-gb", type=float, default=16.0, help="RLIMIT_AS of every child (default 16)")
     parser.add_argument("--time-cap-s", type=float, default=1800.0, help="wall-time cap per child (default 1800)")
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one, removed)")
@@ -391,22 +396,32 @@ def main(argv: list) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill → KeyboardInterrupt: children stopped
     cap = int(args.mem_cap_gb * 2**30)
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))  # inherited by every child
-    command = "python benchmarks/measure_large_model.py " + shlex.join(argv)
-    started, load_before = datetime.now(timezone.utc), os.getloadavg()
+    run = {"command": "python benchmarks/measure_large_model.py " + shlex.join(argv),
+           "started": datetime.now(timezone.utc), "load_average_before": os.getloadavg()}
     work = args.work or Path(tempfile.mkdtemp(prefix="large-model-run-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         files, rows = prepare(args, work)
         size = model_bytes(files["model"])
-        for job in [*args.pipelines, *anchor_list]:
+        jobs = [*args.pipelines, *anchor_list, *args.after_anchors]
+        stem = write_results(args, run, size, rows, final=not jobs)
+        for done, job in enumerate(jobs, 1):
             rows.append(run_job(job, files, work, args))
             print(_line(rows[-1], size), flush=True)
+            stem = write_results(args, run, size, rows, final=done == len(jobs))  # a stopped run keeps its rows
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    results = {"command": command, "started": started.isoformat(timespec="seconds"),
-               "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "load_average_before": load_before, "load_average_after": os.getloadavg(),
+    print(f"wrote {stem}.md and .json")
+    return 0
+
+
+def write_results(args, run: dict, size: int, rows: list, final: bool) -> Path:
+    """``results/large-model-<date>-<name>.md`` and ``.json`` of the rows so far (``final``:
+    every job ran; otherwise the files say how many are still to come)."""
+    results = {"command": run["command"], "started": run["started"].isoformat(timespec="seconds"),
+               "finished": datetime.now(timezone.utc).isoformat(timespec="seconds") if final else None,
+               "load_average_before": run["load_average_before"], "load_average_after": os.getloadavg(),
                "config": vars(config_of(args)) if not args.model else {"model": args.model},
                "model_bytes": size, "samples": {"calib": 4, "eval": 2, "shape": [1, args.seq, args.features]},
                "caps": {"mem_cap_gb": args.mem_cap_gb, "time_cap_s": args.time_cap_s},
@@ -416,12 +431,11 @@ def main(argv: list) -> int:
     for row in rows:
         row["rss_over_model"] = round(row["peak_rss_mb"] * 2**20 / size, 2) if row.get("peak_rss_mb") else None
     name = args.name or (f"l{args.layers}h{args.hidden}" if not args.model else Path(args.model).stem)
-    stem = f"large-model-{started.date().isoformat()}-{name}"
+    stem = args.results / f"large-model-{run['started'].date().isoformat()}-{name}"
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.results / f"{stem}.md").write_text(markdown(results))
-    print(f"wrote {args.results / stem}.md and .json")
-    return 0
+    Path(f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    Path(f"{stem}.md").write_text(markdown(results))
+    return stem
 
 
 # --- the extrapolation ---------------------------------------------------------------------
@@ -492,7 +506,8 @@ def markdown(results: dict) -> str:
     cfg = results["config"]
     head = [f"# Large model: every pass and the anchors on one decoder ({size / 1e6:.1f} MB)", "",
             f"- Command: `{results['command']}`",
-            f"- Started {results['started']}, finished {results['finished']}; 1-minute load "
+            f"- Started {results['started']}, finished {results['finished'] or '— (still running: rows so far)'}; "
+            f"1-minute load "
             f"{results['load_average_before'][0]:.2f} before, {results['load_average_after'][0]:.2f} after "
             f"({m['logical_cpus']} logical CPUs, shared with other jobs).",
             f"- Model: `build_large_decoder.py` {', '.join(f'{k}={v_}' for k, v_ in cfg.items())}; "

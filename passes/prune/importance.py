@@ -30,6 +30,7 @@ import numpy as np
 from onnxslim_kit.activations import iter_activations
 
 from onnxslim_kit.passes._common.graph import const_value
+from onnxslim_kit.passes.prune.covariance import Covariance
 
 DATA_CRITERIA = ("activation", "taylor", "obs")
 COV_POSITIONS = 4096
@@ -99,7 +100,8 @@ def _consumer_weight(c, layout) -> np.ndarray:
 
 
 def activation_stats(cg, proto, samples, names: list) -> dict:
-    """name → (E[x_c], E|x_c|, E[x xᵀ]) per channel over the samples.
+    """name → (E[x_c], E|x_c|, E[x xᵀ]) per channel over the samples (the covariance a
+    :class:`.covariance.Covariance`: dense, or its rows when they are fewer than ``C / 2``).
 
     The means use every position; the covariance at most ``COV_POSITIONS`` evenly strided
     positions per sample (a 160×120 feature map has 19,200: the products would dominate).
@@ -108,12 +110,13 @@ def activation_stats(cg, proto, samples, names: list) -> dict:
     for acts in iter_activations(proto, names, samples, threads=1):
         for name in names:
             x = _channels_first(acts[name], cg.layouts[name])
-            mean, abs_sum, cov, count, cov_count = sums.get(name, (0.0, 0.0, 0.0, 0, 0))
-            sub = x[:, :: -(-x.shape[1] // COV_POSITIONS)] if x.shape[1] > COV_POSITIONS else x
-            # float32 products (BLAS speed), float64 running sums
+            mean, abs_sum, count, cov = sums.get(name, (0.0, 0.0, 0, None))
+            cov = cov or Covariance(x.shape[0])
+            # float32 products (BLAS speed), float64 running sums; the covariance dense or as its rows
+            cov.add(x[:, :: -(-x.shape[1] // COV_POSITIONS)] if x.shape[1] > COV_POSITIONS else x)
             sums[name] = (mean + x.sum(axis=1, dtype=np.float64), abs_sum + np.abs(x).sum(axis=1, dtype=np.float64),
-                          cov + (sub @ sub.T).astype(np.float64), count + x.shape[1], cov_count + sub.shape[1])
-    return {name: (m / max(n, 1), a / max(n, 1), c / max(k, 1)) for name, (m, a, c, n, k) in sums.items()}
+                          count + x.shape[1], cov)
+    return {name: (m / max(n, 1), a / max(n, 1), c.done()) for name, (m, a, n, c) in sums.items()}
 
 
 def consumer_inputs(cg) -> list:
@@ -131,12 +134,10 @@ def data_scores(cg, criterion: str, stats: dict) -> dict:
         cov = stats[c.tensor.name][2]
         w = _consumer_weight(c, layout)
         if criterion == "taylor":
-            w_bar = w.sum(axis=2)  # [C_out, C]
-            layer = np.abs(np.einsum("cl,lc->c", cov, w_bar.T @ w_bar))
+            layer = np.abs(cov.product_diagonal(w.sum(axis=2)))  # W̄: [C_out, C]
         else:
-            damp = 1e-2 * float(np.mean(np.diag(cov))) + 1e-12
-            h_inv = np.linalg.inv(cov + damp * np.eye(len(cov)))
-            layer = (w * w).sum(axis=(0, 2)) / np.maximum(np.diag(h_inv), 1e-30)
+            damp = 1e-2 * float(np.mean(cov.diagonal())) + 1e-12
+            layer = (w * w).sum(axis=(0, 2)) / np.maximum(cov.inverse_diagonal(damp), 1e-30)
         _add(scores, cg.units_of(c.tensor.name), layer)
     return _mean(scores)
 

@@ -119,11 +119,12 @@ def test_bad_flags_are_one_line_errors(builder, tmp_path, capsys):
 
 def test_benchmark_records_every_run_as_a_row(tmp_path):
     """``measure_large_model.py`` end to end on the ~1 MB size: a pass that works, one that does
-    not exist (a failed row, the run goes on), an anchor; the drift child's cosine (ORT without
-    packed weight copies, as for a model larger than memory) and the files."""
+    not exist (a failed row, the run goes on; after the anchor, ``--after-anchors``), an anchor; the
+    drift child's cosine (ORT without packed weight copies, as for a model larger than memory) and
+    the files."""
     flags = [f"--{k}={v}" for k, v in TINY.items()]
     cmd = [sys.executable, str(BUILDER.parent / "measure_large_model.py"), *flags, "--pipelines", "fuse",
-           "fuse,no_such_pass", "--anchors", "ort_nbits", "--results", str(tmp_path), "--name", "tiny",
+           "--after-anchors", "fuse,no_such_pass", "--anchors", "ort_nbits", "--results", str(tmp_path), "--name", "tiny",
            "--mem-cap-gb", "8", "--time-cap-s", "300", "--no-prepack"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -131,7 +132,8 @@ def test_benchmark_records_every_run_as_a_row(tmp_path):
     results = json.loads(json_file.read_text())
     assert results["ort_prepacking"] is False and results["caps"] == {"mem_cap_gb": 8.0, "time_cap_s": 300.0}
     rows = {r["run"]: r for r in results["rows"]}
-    assert list(rows) == ["build", "reference", "fuse", "fuse,no_such_pass", "ort_nbits"]
+    assert list(rows) == ["build", "reference", "fuse", "ort_nbits", "fuse,no_such_pass"]
+    assert results["finished"] is not None  # the files were rewritten after each row, the last time final
     assert all(rows[k]["status"] == "ok" and rows[k]["exit"] == 0 for k in ("build", "reference", "fuse", "ort_nbits"))
     assert rows["fuse"]["loads"] and rows["fuse"]["runs"] and rows["fuse"]["worst_cosine"] > 0.99999
     assert [p["name"] for p in rows["fuse"]["passes"]] == ["fuse"]  # from the CLI's --report
