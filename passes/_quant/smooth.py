@@ -45,8 +45,9 @@ class SmoothedWeight(LazyValues):
     """Lazy values ``diag(s)·W`` of a smoothed weight (``rows``: ``W`` as [K, N]; ``transpose``:
     a Gemm ``transB`` weight, stored [N, K]). Each read computes the same float32 array."""
 
-    def __init__(self, rows: np.ndarray, s: np.ndarray, transpose: bool):
+    def __init__(self, rows: np.ndarray, s: np.ndarray, transpose: bool, source=None):
         self.rows, self.s, self.transpose = rows, s, transpose
+        self.source = source  # the original constant's values (a file map: its pages can be released)
         self.shape = tuple(rows.shape[::-1] if transpose else rows.shape)
         self.dtype = np.dtype(np.float32)
         self.nbytes = rows.size * 4
@@ -139,7 +140,8 @@ def smooth(model, groups: dict, peaks: dict, alpha: float, result) -> dict:
         for layer, rows_k in zip(layers, rows):
             node = layer.node
             originals[node.name] = (name, const_value(node.inputs[layer.weight_index]))
-            lazy = SmoothedWeight(rows_k, s, node.op == "Gemm" and bool(attr(node, "transB", 0)))
+            lazy = SmoothedWeight(rows_k, s, node.op == "Gemm" and bool(attr(node, "transB", 0)),
+                                  getattr(node.inputs[layer.weight_index], "_values", None))
             node.inputs[layer.weight_index] = gs.Constant(model.fresh_name("int8/smooth_w"), lazy)
             node.inputs[0] = smoothed
             layer.inputs[0] = smoothed
