@@ -24,7 +24,9 @@ model than ``max_ratio`` allows), and promotes up to ``max_ratio`` while the tar
 The candidate model is an *emulation*: the model as the pass received it, with every
 targeted weight a graph input fed its dequantized value in the stored layout (int4 from the
 results held for the choice; 8-bit as :func:`.rewrite.rewrite_nbits8` / :func:`.rewrite.rewrite_int8`
-would store it), one ONNX Runtime session for all trials (:data:`.mixed.RUN_THREADS` intra-op threads). Not emulated: MatMulNBits
+would store it), one ONNX Runtime session for all trials (:data:`.mixed.RUN_THREADS` intra-op threads; the judged
+samples stacked into one run once the first trial has shown that gives the same outputs bit for
+bit, :mod:`.batched`). Not emulated: MatMulNBits
 ``accuracy_level=4``'s int8 activations (the pipeline's verification judges the real model),
 a weight shared by several layers is fed the first layer's int4 values, and a weight also
 read by another node (a tied embedding table) is not fed (that layer reads as float). Memory: the
@@ -43,6 +45,7 @@ import numpy as np
 
 from onnxslim_kit.runtime import give_back, make_session, prepare_feed
 
+import onnxslim_kit.passes.int4.batched as _int4_batched
 import onnxslim_kit.passes.int4.mixed as _int4_mixed
 import onnxslim_kit.passes.int4.quant as _int4_quant
 from onnxslim_kit.passes.int4.rewrite import stored_layout
@@ -73,6 +76,7 @@ class Emulation:
         del proto
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.feeds = [prepare_feed(self.session, s) for s in fid.samples]
+        self.runs = _int4_batched.Runs(self.session, self.outputs, self.feeds)  # stacked once checked equal
         self.int4 = {name: int4[name] for name in self.targets}
         self.int8: dict = {}  # the 8-bit values of the layers a trial promoted, made once
         self.count, self.probes = 0, []
@@ -86,7 +90,7 @@ class Emulation:
                 if name not in self.int8:
                     self.int8[name] = self.scratch.put(eight_bit(self.targets[name], self.fmt))
                 weights[name] = self.int8[name]
-        got = [dict(zip(self.outputs, self.session.run(self.outputs, {**feed, **weights}))) for feed in self.feeds]
+        got = self.runs.run(weights)
         del weights
         self.scratch.release()  # the next trial reads other pages
         verdict = self.fid.judge(got)
@@ -94,7 +98,7 @@ class Emulation:
         return verdict
 
     def close(self) -> None:
-        self.session = self.int4 = self.int8 = self.feeds = None
+        self.session = self.int4 = self.int8 = self.feeds = self.runs = None
         give_back()
 
 

@@ -36,6 +36,15 @@ inputs (:func:`weights_as_inputs`), fed their float values — read-only maps of
 for a model left on disk, which ORT reads in place — and each run feeds one dequantized weight
 instead of one of them. (As initializers that are also inputs, with their float values as
 defaults, ORT copied every candidate weight into the session: 1 GB of heap for a 933 MB decoder.)
+A measured candidate runs only the nodes its weight reaches (:mod:`.suffix`): one reference run
+a sample per :meth:`Sensitivity.losses` call (the first one's also gives the outputs) returns the
+tensors its candidates' suffixes read from the rest of the graph (≤ :data:`CUT_BYTES` over all
+samples, dropped after the call), and a suffix session (graph only) is fed those; the losses are
+the whole-model runs' bit for bit, and a candidate in layer ``i`` of ``L`` reads ``(L − i) / L``
+of the weights instead of all of them (one reference run more than before: the shortlist's).
+Off in the pass (:data:`SUFFIX_RUNS`): on issue 16's 2.75 GB decoder they saved 4 s of a 63 s run but
+lifted its peak RSS from 1.29× to 1.32× of the model, in file-backed pages (the heap's peak unchanged;
+``results/large-model-2026-12-03-s10-int4-diag-*.md``), over the 1.3× bound; the cause is not found.
 
 Cost on large models. A whole-model run reads every weight (issue 16's 2.75 GB decoder, 32
 tokens: 2.97 s at one thread, 2.37 s at two under load 3, ``benchmarks/check_run_threads.py``;
@@ -68,9 +77,13 @@ from onnxslim_kit.fidelity import judge
 from onnxslim_kit.runtime import make_session, prepare_feed
 from onnxslim_kit.streaming import copy_fields, tensor_array
 
+import onnxslim_kit.passes.int4.suffix as _int4_suffix
+
 INT8_BLOCK = 128
 SENSITIVITY_BYTES = 4 << 30  # weight bytes one measured candidate's runs may read: 1 sample at 2.75 GB
 RUN_THREADS = 2  # intra-op threads of the step's sessions (module docstring: the same outputs as 1)
+SUFFIX_RUNS = False  # off: on issue 16's decoder they lift the peak RSS 1.29× → 1.32× of the model (file pages, not heap; cause not found) for −4 s of 63
+CUT_BYTES = 64 << 20  # cut tensors (one losses() call, all samples) the suffix runs may hold (:mod:`.suffix`)
 
 
 def int4_bytes(shape: tuple, block_size: int, symmetric: bool, scale_bytes: int) -> int:
@@ -104,38 +117,103 @@ class Sensitivity:
     are run once; :meth:`losses` feeds one dequantized weight at a time. ``views``
     (:class:`onnxslim_kit.fidelity.Views`): the loss sums ``1 − cos`` over the output views
     (each branch of a concatenated head on its own scale) instead of over whole outputs — when
-    every tensor the views' labels need is in ``proto`` (else whole outputs)."""
+    every tensor the views' labels need is in ``proto`` (else whole outputs). ``suffixes``: a
+    candidate runs only the nodes its weight reaches, fed the reference's values of the tensors
+    cut there (:mod:`.suffix`: the same losses, bit for bit), taken for the candidates of one
+    :meth:`losses` call (≤ :data:`CUT_BYTES` of them) and dropped after it; ``suffixed``: the
+    candidates that ran so."""
 
-    def __init__(self, proto: onnx.ModelProto, names: list, samples: list, views=None):
+    def __init__(self, proto: onnx.ModelProto, names: list, samples: list, views=None, suffixes: bool = None):
+        suffixes = SUFFIX_RUNS if suffixes is None else suffixes
         proto, self.floats = weights_as_inputs(proto, list(names))
         self.views = views if views is not None and _labelled(proto, views) else None
         self.extra = list(self.views.runtime_tensors) if self.views is not None else []
+        self.parts = _suffix_parts(proto.graph, names) if suffixes else {}
+        self.all_cuts = {n: _int4_suffix.cut(proto.graph, part) for n, part in self.parts.items()}
+        kept = set(self.extra) | {o.name for o in proto.graph.output}
+        cut_only = sorted({t for ts in self.all_cuts.values() for t in ts} - kept)
         self.session = make_session(proto, "basic", threads=RUN_THREADS, arena=False,
-                                    extra_outputs=self.extra or None, prepack=False)
-        del proto
+                                    extra_outputs=(self.extra + cut_only) or None, prepack=False)
         self.feeds = [prepare_feed(self.session, s) for s in samples]
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.refs = [self._run(f) for f in self.feeds]
-        self.runtime = [{n: r[n] for n in self.extra} for r in self.refs]
+        self.outputs = [o.name for o in self.session.get_outputs() if o.name in kept]
+        held = sorted({t for ts in self.all_cuts.values() for t in ts})
+        self.static = _int4_suffix.static_types(proto, held) if held else {}
+        self.proto = proto if self.all_cuts else None  # the suffixes' source
+        del proto
+        self.refs = self.runtime = None  # the reference outputs: with the first call's cut tensors
+        self.cuts, self.held, self.types, self.suffixed = {}, [], {}, set()
+
+    def prepare(self, names: list) -> None:
+        """Take the reference outputs (first call) and the cut tensors of ``names``' suffixes on
+        every sample — one reference run a sample; the candidates admitted within
+        :data:`CUT_BYTES` (:func:`.suffix.admit`) run as suffixes, the others whole."""
+        cuts = {n: self.all_cuts[n] for n in names if n in self.all_cuts}
+        wanted = sorted({t for ts in cuts.values() for t in ts} - set(self.outputs))
+        asked = (self.outputs if self.refs is None else []) + wanted
+        runs = [dict(zip(asked, self.session.run(asked, {**f, **self.floats}))) if asked else {} for f in self.feeds]
+        if self.refs is None:
+            self.refs = [{o: r[o] for o in self.outputs} for r in runs]
+            self.runtime = [{n: r[n] for n in self.extra} for r in self.refs]
+        sizes = {t: sum(r[t].nbytes for r in runs) for t in wanted}
+        sizes.update((o, 0) for o in self.outputs)  # held anyway
+        self.cuts = {n: cuts[n] for n in _int4_suffix.admit(self.parts, cuts, sizes, CUT_BYTES)}
+        held = {t for ts in self.cuts.values() for t in ts} - set(self.outputs)
+        self.held = [{t: r[t] for t in held} for r in runs]
+        del runs
+        self.types = _int4_suffix.input_types(
+            {t: [{**ref, **h}[t] for ref, h in zip(self.refs, self.held)] for ts in self.cuts.values() for t in ts},
+            self.static)
 
     def _run(self, feed: dict, changed: dict = None) -> dict:
         return dict(zip(self.outputs, self.session.run(self.outputs, {**feed, **self.floats, **(changed or {})})))
 
+    def _runner(self, name: str, whole: bool = False):
+        """``run(k, changed)``: the outputs on sample ``k`` with ``changed`` fed — a run of
+        ``name``'s suffix (:mod:`.suffix`), the reference's values where the suffix makes none;
+        the whole model's run when ``name`` was not admitted (or ``whole``)."""
+        if whole or name not in self.cuts:
+            return lambda k, changed: self._run(self.feeds[k], changed)
+        self.suffixed.add(name)
+        proto, made = _int4_suffix.suffix_proto(self.proto, self.parts[name],
+                                                {t: self.types[t] for t in self.cuts[name]}, self.outputs)
+        session = make_session(proto, "basic", threads=RUN_THREADS, arena=False, prepack=False)
+        del proto
+        inputs = [i.name for i in session.get_inputs()]
+
+        def run(k: int, changed: dict) -> dict:
+            given = {**self.feeds[k], **self.floats, **self.refs[k], **self.held[k], **changed}
+            got = dict(zip(made, session.run(made, {n: given[n] for n in inputs})))
+            return {o: got[o] if o in got else self.refs[k][o] for o in self.outputs}
+        return run
+
+    def loss(self, name: str, value: np.ndarray, whole: bool = False) -> float:
+        """The loss of the candidate ``name`` fed ``value`` (after :meth:`prepare` named it)."""
+        run, loss = self._runner(name, whole), 0.0
+        for k, (ref, rt) in enumerate(zip(self.refs, self.runtime)):
+            got = run(k, {name: value})
+            loss += _view_loss(self.views, ref, got, rt) if self.views is not None else sum(
+                _one_minus_cos(ref[o], got[o]) for o in self.outputs if o not in self.extra)
+        return loss / max(len(self.feeds), 1)
+
     def losses(self, values: dict) -> dict:
         """{name: loss} for ``values`` = {weight name: callable giving its dequantized weight in
-        the stored layout} (made one at a time: one copy alive)."""
-        out = {}
-        for name, make in values.items():
-            value, loss = make(), 0.0
-            for feed, ref, rt in zip(self.feeds, self.refs, self.runtime):
-                got = self._run(feed, {name: value})
-                loss += _view_loss(self.views, ref, got, rt) if self.views is not None else sum(
-                    _one_minus_cos(ref[o], got[o]) for o in self.outputs if o not in self.extra)
-            out[name] = loss / max(len(self.feeds), 1)
+        the stored layout} (made one at a time: one copy alive); the cut tensors dropped after."""
+        self.prepare(list(values))
+        out = {name: self.loss(name, make()) for name, make in values.items()}
+        self.cuts, self.held, self.types = {}, [], {}
         return out
 
     def close(self) -> None:
-        self.session = self.feeds = self.refs = self.runtime = self.floats = None
+        self.session = self.feeds = self.refs = self.runtime = self.floats = self.proto = self.held = None
+
+
+def _suffix_parts(graph: onnx.GraphProto, names: list) -> dict:
+    """{name: the nodes its weight reaches} for the candidates whose suffix leaves out a node
+    (none when a node has a subgraph, :mod:`.suffix`)."""
+    if _int4_suffix.has_subgraphs(graph):
+        return {}
+    parts = {n: _int4_suffix.downstream(graph, n) for n in names}
+    return {n: part for n, part in parts.items() if len(part) < len(graph.node)}
 
 
 def _labelled(proto: onnx.ModelProto, views) -> bool:

@@ -117,6 +117,7 @@ def _fidelity_stop(model: Model, targets: list, seen: ScratchSeen, choice: tuple
     try:
         kept, verdict, trials = _int4_judged.stop(emulation, order, losses)
         result.metrics["mixed_probes"] = list(emulation.probes)
+        result.metrics["mixed_stacked"] = bool(emulation.runs.checked)  # later trials ran the samples as one batch
     finally:
         emulation.close()
     _int4_judged.report(result, fid, verdict, len(kept), len(order), trials)
@@ -136,7 +137,7 @@ def _losses(model: Model, by_weight: dict, seen: ScratchSeen, choice: tuple, dat
         if not proxy:
             measured = sensitivity.losses(values)
             result.metrics.update(mixed_candidates=len(costs), mixed_measured=len(measured),
-                                  mixed_samples=len(samples))
+                                  mixed_samples=len(samples), mixed_suffix_runs=_suffixes(sensitivity, measured))
             return measured
         proxies = seen.proxies
         nodes = {id(t.node) for t in by_weight.values()}
@@ -151,8 +152,14 @@ def _losses(model: Model, by_weight: dict, seen: ScratchSeen, choice: tuple, dat
         seen.scratch.release()
         give_back()  # the sensitivity session's run buffers
     result.metrics.update(mixed_candidates=len(costs), mixed_measured=len(measured),
-                          mixed_classes=len(set(classes.values())), mixed_samples=len(samples))
+                          mixed_classes=len(set(classes.values())), mixed_samples=len(samples),
+                          mixed_suffix_runs=_suffixes(sensitivity, measured))
     return _int4_mixed.predicted(measured, proxies, classes)
+
+
+def _suffixes(sensitivity, measured: dict) -> int:
+    """How many measured candidates ran as suffixes (:mod:`.suffix`)."""
+    return sum(name in sensitivity.suffixed for name in measured)
 
 
 def _costs(model: Model, targets: list, opts: dict, fmt: str) -> tuple:
