@@ -215,8 +215,8 @@ class Int8Pass(Pass):
                                 "(a recipe sets it, with speed=off): the layers kept float, ';'-separated, "
                                 "or * (the whole model kept float)"),
         "speed_margin": Option(float, 1.0, "speed: keep int8 only where its latency ≤ this × float's"),
-        "timing_cache": Option(str, "", "speed: the timing cache file (default "
-                               "$ONNXSLIM_KIT_CACHE/timings.json, else ~/.cache/onnxslim_kit/timings.json)"),
+        "timing_cache": Option(str, "", "speed: the timing cache file (default $ONNXSLIM_KIT_TIMINGS, "
+                               "else $ONNXSLIM_KIT_CACHE/timings.json, else ~/.cache/onnxslim_kit/timings.json)"),
         "include": Option(str, "", f"only these layers (a selector: {SYNTAX}, first/last counting layers)", parse=Selector.parse),
         "exclude": Option(str, "", "keep these layers float (a selector, as include; e.g. last:Conv:1, all); "
                           "the global --exclude too", parse=Selector.parse),

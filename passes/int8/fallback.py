@@ -61,8 +61,8 @@ after the first sample (where a failing candidate mostly fails) by judging it wi
 samples not run yet *completed by the reference itself*: an agreement is at its best when
 each remaining sample adds exactly its reference's decisions, all agreeing (a sample's hits ≤
 its reference count ≤ its counted, and ``(h + a) / (c + a)`` is the largest such ratio). That
-judges every sample once more, so where the samples run in batches it is not repeated; where
-they run one at a time (large inputs, where a run costs far more than a judgement) it is
+judges every sample once more, so it is not repeated — except for large inputs (more than
+``BATCH_BYTES`` a sample, where a run costs far more than a judgement): there it is
 repeated after each sample (yolov8n_doclaynet at 1024², whose score sets fail on a later
 sample: a failing trial stops there instead of running all of them). A user ``metric:V`` has
 no bound and runs every sample. Only a trial that ran every sample gets a verdict.
@@ -331,6 +331,7 @@ class Scorer:
         self.builds = 0
         self.runs = 0
         self.bounded, self.pooled = self._bounds(fid)
+        self.large = self._large(self.samples)  # a run costs far more than a judgement: bound after each
         self.batch = self._stack(self.samples[1:])
         if self.batch is not None:
             session = make_session(fid.original, threads=1, prepack=False)  # does a batch give each sample's?
@@ -376,13 +377,18 @@ class Scorer:
         return other
 
     @staticmethod
+    def _large(samples: list) -> bool:
+        """Whether the samples' inputs exceed ``BATCH_BYTES`` each (the first one's, as :meth:`_stack` reads)."""
+        return bool(samples) and sum(np.asarray(v).nbytes for v in samples[0].values()) > BATCH_BYTES
+
+    @staticmethod
     def _stack(samples: list) -> dict | None:
         """``samples`` as one batch (axis 0), when they are small (≤ ``BATCH_BYTES`` each),
         have batch size 1 and equal shapes; else None."""
         if len(samples) < 2 or any(s.keys() != samples[0].keys() for s in samples):
             return None
         first = samples[0]
-        if sum(np.asarray(v).nbytes for v in first.values()) > BATCH_BYTES or any(
+        if Scorer._large(samples) or any(
                 np.ndim(v) == 0 or np.shape(v)[0] != 1 or any(np.shape(s[k]) != np.shape(v) for s in samples)
                 for k, v in first.items()):
             return None
@@ -442,7 +448,7 @@ class Scorer:
             if stop_above is None or i + 1 == len(self.samples):
                 continue
             bound = self._bound(worst, got[-1], i) if self.bounded else 0.0
-            if self.pooled and bound <= stop_above and (i == 0 or self.batch is None):  # the decisions too
+            if self.pooled and bound <= stop_above and (i == 0 or self.large):  # the decisions too
                 bound = self.judge(got + self.reference[i + 1:]).used
             if bound > stop_above:
                 return Used(bound)

@@ -74,7 +74,7 @@ def whole_model_pays(model, plan, enabled: set, rungs: dict, ctx, result) -> boo
     weight_bytes = layer_weight_bytes(model, plan, enabled)
     if weight_bytes > MODEL_CHECK_MAX_BYTES:
         result.notes.append(f"whole-model speed check skipped ({weight_bytes / 2**30:.1f} GB of layer weights: "
-                            "two sessions would double the memory); the per-layer timings decided")
+                            "two sessions would double the memory); only the per-layer timings decide")
         return True
     trial = model.snapshot()  # its own names: the result's names do not depend on whether this ran
     apply_plan(trial, plan, enabled, fallback=rungs)

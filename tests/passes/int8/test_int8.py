@@ -565,9 +565,9 @@ def test_scorer_bounds_pooled_decisions_after_the_first_sample():
     # a Sigmoid score map losing its decisions (scores pushed to the threshold) while the
     # cosines hold. The agreement is pooled over the samples: after the first sample it is
     # bounded with the rest taken as perfect (the reference itself), a bound below the final
-    # budget use. Samples that run one at a time (this fixed batch of 1 does not stack) are
-    # bounded again after each one, so a candidate that loses them only later stops there;
-    # where they run in batches only the first is bounded, and such a candidate runs them all.
+    # budget use. Small samples are bounded after the first only, so a candidate that loses
+    # them later runs them all; large ones (a run costs far more than a judgement) are bounded
+    # again after each one, so such a candidate stops there.
     from onnxslim_kit.passes.int8.fallback import Scorer
 
     model = build("y = Sigmoid (x)", "float[1, 64] x", {})
@@ -595,15 +595,15 @@ def test_scorer_bounds_pooled_decisions_after_the_first_sample():
     ran.clear()
     late = [{"y": ref[0]["y"]}] + lost[1:]  # the first sample keeps its decisions
     scorer._outputs = replay(late)
-    assert scorer.batch is None
-    bound = scorer.score_session(None, stop_above=1.0)
-    assert ran == [0, 1] and bound.verdict is None and bound > 1.0  # stopped at the second sample
-    assert float(bound) == pytest.approx((above[1] / sum(above)) / 0.1)
-    ran.clear()
-    scorer.batch = {"x": np.concatenate([s["x"] for s in samples[1:]])}  # as if the rest ran batched
+    assert not scorer.large
     used = scorer.score_session(None, stop_above=1.0)
     assert ran == [0, 1, 2, 3] and used.verdict is not None
     assert float(used) == pytest.approx((1 - above[0] / sum(above)) / 0.1) and used > 1.0
+    ran.clear()
+    scorer.large = True  # as if each sample's inputs were over BATCH_BYTES
+    bound = scorer.score_session(None, stop_above=1.0)
+    assert ran == [0, 1] and bound.verdict is None and bound > 1.0  # stopped at the second sample
+    assert float(bound) == pytest.approx((above[1] / sum(above)) / 0.1)
 
 
 def rare_class_map():
