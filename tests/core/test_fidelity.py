@@ -170,13 +170,23 @@ class _Feed:
 
 def test_split_holds_out_one_in_four_deterministically():
     fit, judged, what, warning = split_feed(_Feed(32))
-    assert [int(s["x"][0]) for s in judged] == list(range(3, 32, 4))
+    judged_at = [int(s["x"][0]) for s in judged]
+    assert [i // 4 for i in judged_at] == list(range(8))  # one in each block of four
+    assert judged_at == [i for i in range(32) if held_out(i)] == [int(s["x"][0]) for s in split_feed(_Feed(32))[1]]
     assert [int(s["x"][0]) for s in fit] == [i for i in range(32) if not held_out(i)]
     assert fit.count() == 24 and "held-out" in what and warning is None
     _, judged, _, warning = split_feed(_Feed(12))
     assert len(judged) == 3 and "only 3 held-out" in warning
     fit, judged, _, warning = split_feed(_Feed(2))
     assert len(judged) == 2 and fit.count() == 2 and "cannot be split" in warning
+
+
+def test_split_meets_a_periodic_feed_at_more_than_one_phase():
+    # classes in turn (upright / rotated; four orientations): a fixed position in each block
+    # would judge one class only
+    judged_at = [int(s["x"][0]) for s in split_feed(_Feed(32))[1]]
+    assert {i % 2 for i in judged_at} == {0, 1}
+    assert len({i % 4 for i in judged_at}) >= 3
 
 
 def test_feed_part_delegates_the_feed_attributes():

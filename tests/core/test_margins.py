@@ -104,6 +104,7 @@ def test_the_pipeline_pools_the_fit_samples_margins():
     import onnx
 
     from onnxslim_kit.fidelity import Fidelity, split_feed
+    from onnxslim_kit.fidelity.context import held_out
 
     model = onnx.parser.parse_model("""
         <ir_version: 8, opset_import: ["" : 17]>
@@ -120,7 +121,8 @@ def test_the_pipeline_pools_the_fit_samples_margins():
     fit, samples, _, _ = split_feed(Feed(feed))
     fidelity = Fidelity.build(model, "cos:0.99", samples, pool_feed=fit)
     pool = fidelity.margin_pool["p"]
-    assert sorted(np.round(pool, 3)) == [0.1, 0.2, 5.0, 5.5, 6.0, 6.5]
+    fit_margins = [float(s["x"][0, 0]) for i, s in enumerate(feed) if not held_out(i)]
+    assert np.allclose(sorted(pool), sorted(fit_margins), atol=1e-3) and len(pool) == 6
 
 
 def test_a_runner_up_at_zero_is_below_resolution_not_a_shift():

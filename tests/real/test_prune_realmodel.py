@@ -13,6 +13,7 @@ from conftest import assert_same_outputs, random_feeds
 from test_prune_strip import run_prune
 
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.fidelity.context import held_out_of
 from onnxslim_kit.model import load_proto
 from onnxslim_kit.pipeline import PassSpec, run_pipeline
 
@@ -146,7 +147,7 @@ def test_ppocr_cls_bare_prune_removes_what_the_target_allows():
     import onnxruntime as ort
 
     sessions = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) for m in (proto, out)]
-    held = calib[3::4]
+    held = held_out_of(calib)
     ref, got = ([s.run(None, x)[0] for x in held] for s in sessions)
     cos = min(float(np.dot(r.ravel(), g.ravel()) / np.linalg.norm(r) / np.linalg.norm(g)) for r, g in zip(ref, got))
     agree = np.mean([np.argmax(r, -1) == np.argmax(g, -1) for r, g in zip(ref, got)])

@@ -10,6 +10,7 @@ from onnx import numpy_helper
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
 from onnxslim_kit.errors import UserError
 from onnxslim_kit.fidelity import Fidelity
+from onnxslim_kit.fidelity.context import held_out_of
 from onnxslim_kit.pipeline import parse_pass_list, resolve, run_pipeline
 
 # a YOLO-style head: box regression ×100 beside sigmoid class scores, one output [1, 4+32, 16]
@@ -60,7 +61,7 @@ def whole_output_cosine(reference: list, candidate: list) -> float:
 def test_default_target_keeps_the_scores_view_the_whole_output_cosine_misses(rng):
     model = yolo_head(rng)
     samples = [{"x": rng.standard_normal((16, 64)).astype(np.float32)} for _ in range(32)]
-    held_out = samples[3::4]  # the pipeline's judged samples: one in four
+    held_out = held_out_of(samples)  # the pipeline's judged samples: one in four
     judge = Fidelity.build(model, "cos:0.99", held_out, "held-out samples")  # an independent judge
     runs = {}
     for spec in ("cluster(k=4,target=none)", "cluster(k=4)"):

@@ -79,7 +79,7 @@ def test_default_target_keeps_the_scores_view_on_the_held_out_samples():
     assert entry.skipped["float32 for the drift target / NaN-Inf"] >= 1
     assert 1 <= entry.rewrites["node→float16"] < 9  # the box branch stays float16
     assert any("held-out calibration samples" in note and "binds" in note for note in entry.notes)
-    # judged on the held-out samples: every 4th of the 32 calibration samples
+    # judged on the held-out samples: one in four of the 32 calibration samples
     assert any("8 held-out calibration samples" in note for note in entry.notes)
     assert views(m)["y[values]"]["cosine"] > 0.9999
     loose, loose_report = run_pipeline(model, parse_pass_list("fp16(merge_limit=-1,target=none)"),

@@ -12,7 +12,7 @@ from test_int4 import build
 
 from onnxslim_kit.api import Fidelity
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
-from onnxslim_kit.fidelity.context import held_out
+from onnxslim_kit.fidelity.context import held_out_of
 from onnxslim_kit.metrics import cosine
 from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
 
@@ -50,7 +50,7 @@ def run(model, options: str):
 
 def judged(model, out) -> tuple:
     """(the worst whole-output cosine, the [scores] view) of ``out`` on the held-out samples."""
-    samples = [s for i, s in enumerate(calibration(model)) if held_out(i)]
+    samples = held_out_of(calibration(model))
     fid = Fidelity.build(model, "cos:0.99", samples, "held-out")
     got = [{"y": run_ort(out, s)[0]} for s in samples]
     whole = min(cosine(r["y"], g["y"]) for r, g in zip(fid.reference, got))

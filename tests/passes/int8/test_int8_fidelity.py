@@ -16,6 +16,7 @@ from onnx import numpy_helper
 
 from onnxslim_kit.api import Fidelity, PassContext
 from onnxslim_kit.calibration import CalibrationFeed, input_specs
+from onnxslim_kit.fidelity.context import held_out_of
 from onnxslim_kit.metrics import cosine
 from onnxslim_kit.model import Model
 from onnxslim_kit.pipeline import parse_pass_list, resolve, run_pipeline
@@ -67,8 +68,8 @@ def views(entry) -> dict:
 
 
 def held_out(model) -> list:
-    """The samples the pipeline judges on: one in four of the feed (index 3, 7, …)."""
-    return [s for i, s in enumerate(feed_of(model)) if i % 4 == 3]
+    """The samples the pipeline judges on: one in four of the feed."""
+    return held_out_of(feed_of(model))
 
 
 def test_scores_view_keeps_what_the_whole_output_cosine_would_give_away():

@@ -11,6 +11,7 @@ from onnx import numpy_helper
 
 import onnxslim_kit
 from onnxslim_kit.errors import UserError
+from onnxslim_kit.fidelity.context import held_out_of
 from onnxslim_kit.passes.prune import PrunePass
 from onnxslim_kit.passes.prune.search import MAX_TRIALS
 from onnxslim_kit.passes.prune.sensitivity import measured_tensors
@@ -62,7 +63,7 @@ def yolo_model() -> onnx.ModelProto:
 MODEL = yolo_model()
 RNG = np.random.default_rng(1)
 CALIB = [{"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(32)]
-HELD_OUT = [s for i, s in enumerate(CALIB) if i % 4 == 3]  # what the pipeline holds out (one in four)
+HELD_OUT = held_out_of(CALIB)  # what the pipeline holds out (one in four)
 REFERENCE = [run_ort(MODEL, s)[0] for s in HELD_OUT]
 
 
