@@ -13,13 +13,16 @@ Steps and their bounds:
 2. each further pipeline in order, unless ``budget_s`` seconds have passed since the start
    (then it is reported as skipped; the budget bounds the optimize runs, the one timing step
    after them is always done, for every feasible candidate not cached);
-3. candidates with the same bytes as an earlier one are timed once (``same_as``);
+3. candidates with the same computation as an earlier one are timed once (``same_as``;
+   :func:`.candidates.content_sha256`);
 4. goal size needs no timing: nothing is timed and the cache is not touched;
 5. goal memory measures each feasible candidate's session peak instead of timing it
    (:mod:`.memory`), through the same cache;
 6. ``profile=True`` (``--html``): the original and the chosen model are profiled by ORT
    (:mod:`.profile`, latency by op type), through the same cache;
-7. a per-layer mix (:mod:`.mix`): when ``fuse,dynamic`` was tried and misses the target, the
+7. goal latency: a choice other than ``fuse`` is timed once more against ``fuse`` and kept only
+   when that second run confirms it (:mod:`.confirm`);
+8. a per-layer mix (:mod:`.mix`): when ``fuse,dynamic`` was tried and misses the target, the
    MatMul/Gemm layers are ordered by an estimate of their dynamic-int8 error and a binary search
    (at most ⌈log₂ N⌉ more optimize runs) finds the fewest to keep float so that the target holds;
    that mix is one more candidate, timed and chosen by the same rules (``mix_search=False``:
@@ -37,7 +40,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import memory, mix
+from . import confirm, memory, mix
 from . import profile as op_profile
 from .candidates import GOALS, Candidate, checked_pipelines
 from .choose import choose, pareto_front
@@ -62,16 +65,19 @@ class PlanResult:
     profiles: dict = field(default_factory=dict)  # profile=True: {"original", "chosen"} latency by op
     executor: dict = field(default_factory=dict)  # where it ran: {"name"} (ray: its address and tasks)
     sensitivity: dict = field(default_factory=dict)  # the mix's per-layer estimate (:func:`.mix.search`)
+    confirmation: dict | None = None  # goal latency: the second run against fuse (:mod:`.confirm`)
 
 
 def _mark_duplicates(candidates: list) -> None:
-    """``same_as``: the first earlier candidate with the same bytes (in the order tried)."""
+    """``same_as``: the first earlier candidate with the same computation (in the order tried;
+    :func:`.candidates.content_sha256`)."""
     seen = {}
     for candidate in candidates:
-        if candidate.sha256 in seen:
-            candidate.same_as = seen[candidate.sha256]
-        elif candidate.sha256:
-            seen[candidate.sha256] = candidate.pipeline
+        key = candidate.content or candidate.sha256
+        if key in seen:
+            candidate.same_as = seen[key]
+        elif key:
+            seen[key] = candidate.pipeline
 
 
 def _time(model, candidates, samples, machine, cache, reference_sha, timing, executor) -> tuple:
@@ -164,7 +170,12 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
             samples = list(feed)
         timed, measured, reference = _measure(model, candidates, goal, samples, machine, cache, runs, warmup,
                                               progress, executor)
-    chosen = choose(candidates, goal)
+        chosen, confirmation = choose(candidates, goal), None
+        if goal == "latency":
+            fuse = candidates[0]
+            confirmation = confirm.confirm(model, chosen, fuse, samples, machine, cache, file_sha256(model),
+                                           {"runs": runs, "warmup": warmup, "progress": progress}, executor)
+            chosen = chosen if confirmation is None or confirmation["kept"] else fuse
     profiles = {}
     if profile:
         profiles = {"original": op_profile.cached_latency(model, file_sha256(model), samples, machine, cache),
@@ -176,4 +187,5 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
     return PlanResult(candidates, chosen, pareto_front(candidates), plan_settings, timed=timed,
                       cache_hits=cache.hits, seconds=time.perf_counter() - start, budget_stopped=stopped,
                       reference={"size_bytes": first.before.get("bytes"), **reference}, measured=measured,
-                      profiles=profiles, executor=executor.describe(), sensitivity=sensitivity)
+                      profiles=profiles, executor=executor.describe(), sensitivity=sensitivity,
+                      confirmation=confirmation)

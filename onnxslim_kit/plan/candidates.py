@@ -15,6 +15,11 @@ spent the pipeline's share, else ``met`` (a pass given its own ``target=``). Eve
 rolled back leaves the model lossless: it holds. A candidate whose optimize raised a
 :class:`~onnxslim_kit.errors.SlimError` is recorded with the error's line and never chosen;
 ``fuse`` raising is the plan's error (the model or the data is not usable).
+
+Two candidates are the same (``same_as``, timed once) when they compute the same thing:
+:func:`content_sha256` hashes the model with every initializer in one encoding (raw bytes), so
+a pass that changed nothing but rewrote ``float_data`` as ``raw_data`` (``prune`` on mtcnn_pnet,
+nothing pruned) is not a second model to time, and to choose by noise.
 """
 
 from __future__ import annotations
@@ -80,7 +85,8 @@ class Candidate:
     binding: str = ""  # the view and metric that bind, from the verdict
     error: str | None = None
     skipped: str | None = None  # why it was not tried (the time budget)
-    same_as: str | None = None  # an earlier candidate with the same bytes
+    same_as: str | None = None  # an earlier candidate with the same computation (content_sha256)
+    content: str | None = None  # content_sha256 of proto
     timing: dict | None = None  # latency ratio vs the original, spread, median ms, cached?
     memory: dict | None = None  # goal memory: the session's peak MB, how it was read, cached?
     seconds: float = 0.0  # wall time of its optimize run
@@ -139,6 +145,21 @@ def finish(candidate: Candidate, proto, report, data: bytes) -> Candidate:
     proto's serialized bytes, which its sha256 and size are of)."""
     candidate.proto, candidate.report = proto, report
     candidate.sha256, candidate.size_bytes = sha256_bytes(data), len(data)
+    candidate.content = content_sha256(proto)
     candidate.met, candidate.used, candidate.binding = fidelity_of(report)
     candidate.notes = [f"{p.name}: rolled back" for p in report.passes if p.rolled_back]
     return candidate
+
+
+def content_sha256(proto) -> str:
+    """sha256 of ``proto`` with every initializer of its main graph as raw bytes (the same
+    numbers in ``float_data`` and in ``raw_data`` hash alike); everything else as serialized."""
+    import onnx
+    from onnx import numpy_helper
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for i, tensor in enumerate(copy.graph.initializer):
+        if not tensor.HasField("raw_data") and tensor.data_location != onnx.TensorProto.EXTERNAL:
+            copy.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+    return sha256_bytes(copy.SerializeToString(deterministic=True))

@@ -8,7 +8,7 @@ arena and pre-packing on: the deployed settings) and runs min(runs, 10) inferenc
     peak_mb(c) = (VmHWM − RSS before the session) / 2²⁰
 
 The original is measured too (its peak is the reference the ratio is taken against, reported,
-never used for the choice). Candidates with the same bytes are measured once. Every peak goes
+never used for the choice). Candidates with the same computation (``same_as``) are measured once. Every peak goes
 into the timing cache under the key of the timing plus ``|memory``
 (:func:`.timing_cache.cache_key`): with every candidate cached nothing is measured and the
 choice is the same. A child that fails leaves the candidate unmeasured (an error on its row);

@@ -6,7 +6,7 @@ per-round ratios, [P10–P90] spread; ``cached`` when from the timing cache), it
 choice (``◀ chosen``; ``front`` marks the Pareto front). Under goal memory the latency column
 is the session's peak memory instead (MB, ``cached`` when from the cache). JSON: the settings, every candidate
 (:meth:`.candidates.Candidate.to_dict`), the front, the chosen pipeline, what was timed, and
-the planning time, where it ran (``executor``: ``ray``'s tasks, :mod:`.ray_executor`), and (``--html``) the op profiles of the original and the chosen model.
+the planning time, the second run that confirmed (or overturned) a latency choice, where it ran (``executor``: ``ray``'s tasks, :mod:`.ray_executor`), and (``--html``) the op profiles of the original and the chosen model.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from ..report import _json_default, _size
+from . import confirm
 
 HEADER = ("pipeline", "met", "binding (budget used)", "latency ×orig [P10–P90]", "size", "")
 
@@ -77,7 +78,8 @@ def table(result) -> str:
                  f"{timing}; planned in {result.seconds:.1f} s"
                  + (f" on Ray ({result.executor.get('address')})" if result.executor.get("name") == "ray" else "")
                  + ("; time budget spent, later pipelines skipped" if result.budget_stopped else ""))
-    return "\n".join(lines)
+    confirmed = confirm.line(result.confirmation)
+    return "\n".join(lines + ([confirmed] if confirmed else []))
 
 
 def to_dict(result) -> dict:
@@ -86,7 +88,7 @@ def to_dict(result) -> dict:
             "timed": result.timed, "measured": result.measured, "profiles": result.profiles,
             "cache_hits": result.cache_hits, "seconds": round(result.seconds, 3),
             "budget_stopped": result.budget_stopped, "executor": result.executor,
-            "sensitivity": result.sensitivity}
+            "sensitivity": result.sensitivity, "confirmation": result.confirmation}
 
 
 def to_json(result) -> str:

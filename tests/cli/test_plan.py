@@ -77,7 +77,9 @@ def test_a_second_plan_with_the_timing_cache_does_no_timing_and_writes_the_same_
     first, report = _plan(files, tmp_path, "--timing-cache", str(cache), name="a")
     entries = json.loads(cache.read_text())["entries"]
     timed = [c for c in report["candidates"] if c["timing"] and not c["same_as"]]
-    assert len(entries) == len(timed) == report["timed"]
+    confirmed = [key for key in entries if key.endswith("|confirm")]
+    assert len(entries) - len(confirmed) == len(timed) == report["timed"]
+    assert len(confirmed) == (report["chosen"] != "fuse" or report["confirmation"] is not None)
     assert all(key.split("|")[1:3] == ["CPUExecutionProvider", "1"] for key in entries)
 
     def no_timing(*_, **__):
