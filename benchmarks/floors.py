@@ -21,7 +21,7 @@
 * ``margins`` — decision agreement on samples a pass never saw is bounded by the original's own
   margins there: a Softmax row whose top-vs-runner-up log-odds m is smaller than how far a pass
   moves them flips, whatever the held-out samples said. Per model, the smallest m of the
-  original on the held-out calibration samples (every 4th of ``--calib``), on all of them and
+  original on the held-out calibration samples (one in four of ``--calib``, :func:`onnxslim_kit.fidelity.context.held_out`), on all of them and
   on the evaluation samples (another stream of ``inputs.py``), and, for each pipeline written
   with those calibration samples, how far it moves the margin of the evaluation sample closest
   to a tie and whether that decision flipped (:mod:`onnxslim_kit.fidelity.margins`).
@@ -51,6 +51,7 @@ sys.path.insert(0, str(HERE))
 import inputs  # noqa: E402
 
 import onnxslim_kit  # noqa: E402
+from onnxslim_kit.fidelity.context import held_out_of  # noqa: E402
 from onnxslim_kit.model import proto_graphs  # noqa: E402
 
 LAYER_OPS = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0, "MatMul": 1}  # op → output-channel axis of the weight
@@ -66,7 +67,7 @@ def parse_args(argv):
     parser.add_argument("--min-weights", type=int, default=16, help="cluster: smallest weight clustered")
     parser.add_argument("--margin-models", default="ppocr_cls_v2,orientation,mtcnn_onet")
     parser.add_argument("--margin-pipelines", default="fuse,fp16;fuse,int8;fuse,prune;fuse,prune,int8")
-    parser.add_argument("--calib", type=int, default=128, help="margins: calibration samples (every 4th held out)")
+    parser.add_argument("--calib", type=int, default=128, help="margins: calibration samples (one in four held out)")
     parser.add_argument("--eval", type=int, default=32, help="margins: evaluation samples")
     parser.add_argument("--name", default=f"floors-{datetime.now(timezone.utc):%Y-%m-%d}")
     return parser.parse_args(argv)
@@ -149,7 +150,7 @@ def margin_floor(name: str, pipelines: list, n_calib: int, n_eval: int, work: Pa
     closest = int(np.argmin(evaluation))
     reference = eval_rows[closest]
     row = int(np.argmin(margins_and_shifts(reference, reference)[0]))
-    out = {"held-out": min(calib[3::4]), "calibration": min(calib), "eval": evaluation[closest],
+    out = {"held-out": min(held_out_of(calib)), "calibration": min(calib), "eval": evaluation[closest],
            "eval below 1 nat": int(np.sum(np.array(evaluation) < 1.0)), "pipelines": {}}
     for pipeline in pipelines:
         path = written_model(name, pipeline, data.calib, work)

@@ -9,7 +9,7 @@ Per model (``onnxslim_kit.zoo.MODELS``; samples from ``inputs.build(name, n_cali
 1. ``fuse`` and every ``--pipelines`` entry through our CLI in a measured child process
    (``run_suite.run_pipeline``: ``python -m onnxslim_kit MODEL --passes P --calib calib.npz
    --report r.json -o out.onnx``, default target); with 128 calibration samples the pipeline
-   fits 96 and judges on the 32 it holds out (every 4th);
+   fits 96 and judges on the 32 it holds out (one in each block of four);
 2. the report's fidelity of the last lossy pass that was measured and kept (judged against
    the original): per view the worst-sample cosine, the decision agreement, the relative
    error; the budget ``used``, the binding view, ``met``;
@@ -348,7 +348,7 @@ def markdown(results: dict) -> str:
     models = results["models"]
     state = "complete" if results.get("finished_utc") else "partial (the run was cut short or is still going)"
     lines = [f"# Fidelity honesty (issue 18) — {results['started_utc']}", "", f"`{results['command']}`", "",
-             f"State: {state}. {results['calib']} calibration samples per model (the pipeline holds out every 4th: "
+             f"State: {state}. {results['calib']} calibration samples per model (the pipeline holds out one in four: "
              f"{results['calib'] // 4} judge the lossy passes), {results['eval']} evaluation samples (a separate "
              "stream of `inputs.py`) for the bench. Default target of each report; bench: ORT CPU, 1 intra-op "
              f"thread, optimizations on, {results['runs']} interleaved rounds ({results['warmup']} warm-up).", "",

@@ -184,7 +184,7 @@ def markdown(results: dict) -> str:
     state = "complete" if results.get("finished_utc") else "partial (the run was cut short or is still going)"
     lines = [f"# `plan` vs the fixed pipelines (issue 17) — {results['started_utc']}", "", f"`{results['command']}`", "",
              f"State: {state}. {results['calib']} calibration samples per model (the plan and the fixed pipelines "
-             f"hold out every 4th), {results['eval']} evaluation samples (a separate stream of `inputs.py`) for the "
+             f"hold out one in four), {results['eval']} evaluation samples (a separate stream of `inputs.py`) for the "
              f"bench and the eval fidelity. Default target. Bench: ORT CPU, 1 intra-op thread, {results['runs']} "
              f"interleaved rounds ({results['warmup']} warm-up), original + plan + fixed pipelines in one run; "
              "ratios are paired (median of per-round ratios, P10–P90). Meets (eval) = the target's budget used on the "
