@@ -13,6 +13,9 @@ units:
 * ``scope=global``: the ``⌊ratio · Σ|P_g|⌋`` lowest-scored prunable units of the model (scores
   are normalised per layer, :mod:`onnxslim_kit.passes.prune.importance`); ``n_g`` = how many fell in ``g``.
 
+The cut and re-fitted weights are held in a scratch file, read pages dropped after each use
+(:mod:`onnxslim_kit.passes.prune.held`).
+
 Removed channels are not simply dropped: their mean over the calibration data ``E[x_c]``
 moves into each consumer's bias (the same fold as strip's constants; at a padded Conv it
 is exact away from the borders) — the zeroth-order part of the layer-wise correction,
@@ -59,6 +62,7 @@ from onnxslim_kit.api import PassResult, pass_fidelity
 
 from onnxslim_kit.passes.prune.apply import apply
 from onnxslim_kit.passes.prune.cost import CostModel
+from onnxslim_kit.passes.prune.held import release, spill_to_scratch
 from onnxslim_kit.passes.prune.importance import activation_stats, consumer_inputs, unit_costs, unit_scores
 from onnxslim_kit.passes.prune.latency import node_times, unit_latency
 from onnxslim_kit.passes.prune.refit import Refitter
@@ -217,7 +221,9 @@ def cut(model, cg, plan: Plan, removed: set, opts, result, progress=lambda it, *
     """Remove ``removed`` from ``model`` (analysed as ``cg``), the means folded, then re-fit."""
     result.metrics["units_pruned"] = len(removed)
     means = {i: plan.stats[c.tensor.name][0] for i, c in enumerate(cg.consumers)}
+    spill_to_scratch(model)  # the cut and re-fitted weights: file pages, not heap
     keep = apply(model, cg, removed, means)
+    release(model)
     result.rewrite("prune channel", len(removed))
     if opts["refit"]:
         refitter = Refitter(model, plan.teacher, plan.samples, opts["seed"])
