@@ -175,6 +175,7 @@ def make_plan(model, ctx, cg, result, cap: float) -> Plan:
     if opts["cost"] != "none":
         mean = float(np.mean(list(costs.values()))) if costs else 1.0
         scores = {u: v * mean / max(costs.get(u, mean), 1e-12) for u, v in scores.items()}
+    release(model)  # the weight pages the statistics read
     return Plan(teacher, samples, stats, importance, scores, CostModel(cg, node_cost, multiple), multiple, cap)
 
 
