@@ -75,14 +75,27 @@ def max_share(ratio: float, max_ratio: float) -> float:
     return max_ratio if max_ratio > 0 else min(2 * ratio, 0.9)
 
 
+def ranking(cg, scores: dict) -> tuple:
+    """``([(group, its prunable units by ascending score)], every prunable unit by ascending
+    score)`` — once per analysis and ``scores`` (a search selects at many ratios)."""
+    def make():
+        blocked = cg.blocked_units()
+        key = lambda u: (scores.get(u, 0.0), u)  # noqa: E731
+        groups = [(g, sorted((u for u in g if u not in blocked), key=key)) for g in cg.source_groups()]
+        return scores, groups, sorted((u for _, ranked in groups for u in ranked), key=key)
+    answer = cg.cached(("ranking", id(scores)), make)
+    if answer[0] is not scores:  # another dict at a reused address
+        cg.memo.pop(("ranking", id(scores)))
+        answer = cg.cached(("ranking", id(scores)), make)
+    return answer[1], answer[2]
+
+
 def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multiple: int, result,
            cap: float = 1.0, importance: dict | None = None, max_loss: float = 0.0) -> set:
-    blocked = cg.blocked_units()
-    groups = [(g, [u for u in g if u not in blocked]) for g in cg.source_groups()]
+    groups, pool = ranking(cg, scores)
     wanted: dict = {}
     if scope == "global":
-        pool = sorted((scores.get(u, 0.0), u) for _, prunable in groups for u in prunable)
-        chosen = {u for _, u in pool[: int(ratio * len(pool))]}
+        chosen = set(pool[: int(ratio * len(pool))])
         for i, (_, prunable) in enumerate(groups):
             wanted[i] = sum(u in chosen for u in prunable)
     else:
@@ -100,10 +113,9 @@ def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multip
             if wanted[i] > 0:
                 result.skip("group kept whole (min_channels / multiple)")
             continue
-        ranked = sorted(prunable, key=lambda u: (scores.get(u, 0.0), u))
         if max_loss > 0:
-            n = within_budget(ranked, n, group, importance or scores, max_loss, multiple, result)
-        removed.update(ranked[:n])
+            n = within_budget(prunable, n, group, importance or scores, max_loss, multiple, result)
+        removed.update(prunable[:n])
     return removed
 
 
