@@ -75,15 +75,18 @@ def iter_activations(
     opt_level: str = "disable",
     threads: int = 0,
     absmax: bool = False,
+    arrays: dict | None = None,
 ) -> Iterator[dict]:
     """For each sample, ``{name: array}`` of the requested tensors (graph outputs included);
-    with ``absmax``, ``{name: max|x|}`` as floats (module docstring)."""
+    with ``absmax``, ``{name: max|x|}`` as floats (module docstring). ``arrays``: the values of
+    ``proto``'s in-memory stubs (:meth:`.model.Model.session_proto`, see :func:`.runtime.make_session`)."""
     # the outputs are added to the session's skeleton proto: no copy of the model's weights
     # no arena (it would keep the largest run's intermediates for the session's life), no
     # packed weight copies (a calibration session: see runtime's module docstring)
     nodes, observed = absmax_nodes(proto, names) if absmax else (None, {n: (n,) for n in names})
     session = make_session(proto, opt_level=opt_level, threads=threads, arena=False, prepack=False,
-                           extra_outputs=[t for pair in observed.values() for t in pair], extra_nodes=nodes)
+                           extra_outputs=[t for pair in observed.values() for t in pair], extra_nodes=nodes,
+                           arrays=arrays)
     for sample in samples:
         # no local keeps this sample's tensors: a consumer that drops (or clears) the dict it
         # got frees them before the next run allocates its own (halves the peak memory)

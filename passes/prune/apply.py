@@ -35,6 +35,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxslim_kit.passes._common.graph import attr, const_value, new_constant
+from onnxslim_kit.passes.prune.held import constant, release_constant
 
 
 def keep_masks(cg, removed: set) -> dict:
@@ -51,7 +52,11 @@ def expand(mask: np.ndarray, layout) -> np.ndarray:
 
 
 def set_input(model, node, index: int, values: np.ndarray) -> None:
-    const = new_constant(model, f"prune/{node.name or node.op}", values)
+    """``node``'s input ``index`` becomes a new constant of ``values`` (:func:`.held.constant`);
+    the pages of the map it held, if it was a weight left on disk, are dropped."""
+    if index < len(node.inputs):
+        release_constant(node.inputs[index])
+    const = constant(model, f"prune/{node.name or node.op}", values)
     while len(node.inputs) <= index:
         node.inputs.append(gs.Variable.empty())
     node.inputs[index] = const

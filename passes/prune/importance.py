@@ -21,6 +21,9 @@ just for having more layers:
   - ``obs`` — Optimal-Brain-Surgeon saliency from the input covariance, per channel:
     ``‖W_c‖² / [(Σ + λI)⁻¹]_cc`` (λ = 1e-2 · mean diag Σ) — the output error left after
     removing channel c and optimally re-weighting the rest (spatial correlations ignored).
+
+Each weight is read once; the pages of one left on disk are dropped after
+(:mod:`onnxslim_kit.passes.prune.held`), so scoring a large model does not leave it resident.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 from onnxslim_kit.activations import iter_activations
 
 from onnxslim_kit.passes._common.graph import const_value
+from onnxslim_kit.passes.prune.held import release_constant
 from onnxslim_kit.passes.prune.covariance import Covariance
 
 DATA_CRITERIA = ("activation", "taylor", "obs")
@@ -51,6 +55,7 @@ def _mean(scores: dict) -> dict:
 
 def filter_norms(source, order: int) -> np.ndarray:
     w = const_value(source.node.inputs[1]).astype(np.float64)
+    release_constant(source.node.inputs[1])  # read once: its map's pages go (:mod:`.held`)
     w = np.moveaxis(w, source.out_axis, 0).reshape(w.shape[source.out_axis], -1)
     return np.abs(w).sum(axis=1) if order == 1 else np.sqrt((w * w).sum(axis=1))
 
@@ -89,6 +94,7 @@ def _channels_first(x: np.ndarray, layout) -> np.ndarray:
 def _consumer_weight(c, layout) -> np.ndarray:
     """Consumer weights as [C_out, C_in, window]: window = kernel (Conv) or features per channel."""
     w = const_value(c.node.inputs[1]).astype(np.float64)
+    release_constant(c.node.inputs[1])
     if c.kind == "conv":
         return w.reshape(w.shape[0], w.shape[1], -1)
     if c.kind == "convT":  # [C_in, C_out, k…] → [C_out, C_in, window]

@@ -1,6 +1,6 @@
 """A pruned candidate judged by the fidelity contract, and the figures the report gets.
 
-The candidate runs (ONNX Runtime, one thread) on the judged samples ``fid.samples`` — held
+The candidate runs (ONNX Runtime, one thread, on its own arrays, :func:`model_outputs`) on the judged samples ``fid.samples`` — held
 out from the data the pass fits (:mod:`onnxslim_kit.fidelity.context`) — and its outputs are
 scored per output view against the original's (``fid.judge``): ``used`` is the fraction of
 the target's loss budget the worst bound view takes, the target holds for this pass iff
@@ -17,16 +17,22 @@ from __future__ import annotations
 
 from onnxslim_kit.api import make_session, run
 
+from onnxslim_kit.passes.prune.held import release
+
 
 def model_outputs(model, samples: list) -> list:
-    """``model``'s graph outputs on each of ``samples`` (one dict per sample)."""
-    proto = model.to_proto()
+    """``model``'s graph outputs on each of ``samples`` (one dict per sample): a session on the
+    model's own arrays (no copy of its weights), without packed weight copies — as the
+    original's reference outputs are computed (:mod:`onnxslim_kit.fidelity.context`) — its
+    weight pages dropped after (:mod:`onnxslim_kit.passes.prune.held`)."""
+    proto, arrays = model.session_proto()
     names = [o.name for o in proto.graph.output]
-    session = make_session(proto, threads=1, arena=False)
+    session = make_session(proto, threads=1, arena=False, arrays=arrays, prepack=False)
     try:
         return [{k: v for k, v in run(session, sample).items() if k in names} for sample in samples]
     finally:
         del session
+        release(model)
 
 
 def judge_model(model, fid):

@@ -54,6 +54,7 @@ class ParamSlice:
 class UnionFind:
     def __init__(self):
         self.parent: list = []
+        self.unions = 0  # merges made (part of the state :meth:`ChannelGraph.cached` keys on)
 
     def new(self, n: int) -> np.ndarray:
         start = len(self.parent)
@@ -72,6 +73,7 @@ class UnionFind:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
+            self.unions += 1
         return min(ra, rb)
 
 
@@ -91,31 +93,48 @@ class ChannelGraph:
     uf: UnionFind = field(default_factory=UnionFind)
     block_atoms: dict = field(default_factory=dict)  # atom -> reason
     shapes: dict = field(default_factory=dict)  # tensor name -> concrete shape (one sample)
+    memo: dict = field(default_factory=dict, repr=False)  # query -> (state, answer), see :meth:`cached`
+    edits: int = 0  # layouts set and layouts blocked (part of that state)
 
     # --- building -------------------------------------------------------------
     def set_layout(self, tensor, layout: Layout) -> None:
         self.layouts[tensor.name] = layout
         self.tensors[tensor.name] = tensor
+        self.edits += 1
 
     def block(self, layout: Layout, reason: str) -> None:
         for a in layout.atoms:
             self.block_atoms.setdefault(int(a), reason)
+        self.edits += 1
 
     # --- queries ----------------------------------------------------------------
+    def cached(self, key, make):
+        """``make()``, computed once per state of the analysis (layouts set or blocked, atoms
+        made, unions): the queries below walk every atom, and a search asks them hundreds of
+        times of a finished analysis. Answers are shared: callers do not modify them."""
+        state = (self.edits, len(self.uf.parent), self.uf.unions)
+        hit = self.memo.get(key)
+        if hit is None or hit[0] != state:
+            hit = self.memo[key] = (state, make())
+        return hit[1]
+
     def unit(self, atom: int) -> int:
         return self.uf.find(int(atom))
 
     def units_of(self, name: str) -> np.ndarray:
-        return np.array([self.unit(a) for a in self.layouts[name].atoms], dtype=np.int64)
+        return self.cached(("units_of", name), lambda: np.array(
+            [self.unit(a) for a in self.layouts[name].atoms], dtype=np.int64))
 
     def blocked_units(self) -> dict:
-        out = {}
-        for atom, reason in self.block_atoms.items():
-            out.setdefault(self.unit(atom), reason)
-        return out
+        def make():
+            out = {}
+            for atom, reason in self.block_atoms.items():
+                out.setdefault(self.unit(atom), reason)
+            return out
+        return self.cached("blocked_units", make)
 
     def all_units(self) -> set:
-        return {self.unit(a) for lay in self.layouts.values() for a in lay.atoms}
+        return self.cached("all_units", lambda: {self.unit(a) for lay in self.layouts.values() for a in lay.atoms})
 
     def groups(self) -> list:
         """Connected sets of units: units that appear in the same tensor are in one group."""
@@ -127,7 +146,7 @@ class ChannelGraph:
         The unit of selection for ``ratio``: each group's kept count is one source's (or one
         residual chain's) channel count, so ``multiple`` applies to real layer widths.
         """
-        return self._components([s.node.outputs[0].name for s in self.sources])
+        return self.cached("source_groups", lambda: self._components([s.node.outputs[0].name for s in self.sources]))
 
     def _components(self, names: list) -> list:
         """Units linked when they appear in the same tensor of ``names``."""

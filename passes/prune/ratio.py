@@ -13,6 +13,9 @@ units:
 * ``scope=global``: the ``⌊ratio · Σ|P_g|⌋`` lowest-scored prunable units of the model (scores
   are normalised per layer, :mod:`onnxslim_kit.passes.prune.importance`); ``n_g`` = how many fell in ``g``.
 
+The cut and re-fitted weights are held in a scratch file, read pages dropped after each use
+(:mod:`onnxslim_kit.passes.prune.held`).
+
 Removed channels are not simply dropped: their mean over the calibration data ``E[x_c]``
 moves into each consumer's bias (the same fold as strip's constants; at a padded Conv it
 is exact away from the borders) — the zeroth-order part of the layer-wise correction,
@@ -59,6 +62,7 @@ from onnxslim_kit.api import PassResult, pass_fidelity
 
 from onnxslim_kit.passes.prune.apply import apply
 from onnxslim_kit.passes.prune.cost import CostModel
+from onnxslim_kit.passes.prune.held import release, spill_to_scratch
 from onnxslim_kit.passes.prune.importance import activation_stats, consumer_inputs, unit_costs, unit_scores
 from onnxslim_kit.passes.prune.latency import node_times, unit_latency
 from onnxslim_kit.passes.prune.refit import Refitter
@@ -71,14 +75,27 @@ def max_share(ratio: float, max_ratio: float) -> float:
     return max_ratio if max_ratio > 0 else min(2 * ratio, 0.9)
 
 
+def ranking(cg, scores: dict) -> tuple:
+    """``([(group, its prunable units by ascending score)], every prunable unit by ascending
+    score)`` — once per analysis and ``scores`` (a search selects at many ratios)."""
+    def make():
+        blocked = cg.blocked_units()
+        key = lambda u: (scores.get(u, 0.0), u)  # noqa: E731
+        groups = [(g, sorted((u for u in g if u not in blocked), key=key)) for g in cg.source_groups()]
+        return scores, groups, sorted((u for _, ranked in groups for u in ranked), key=key)
+    answer = cg.cached(("ranking", id(scores)), make)
+    if answer[0] is not scores:  # another dict at a reused address
+        cg.memo.pop(("ranking", id(scores)))
+        answer = cg.cached(("ranking", id(scores)), make)
+    return answer[1], answer[2]
+
+
 def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multiple: int, result,
            cap: float = 1.0, importance: dict | None = None, max_loss: float = 0.0) -> set:
-    blocked = cg.blocked_units()
-    groups = [(g, [u for u in g if u not in blocked]) for g in cg.source_groups()]
+    groups, pool = ranking(cg, scores)
     wanted: dict = {}
     if scope == "global":
-        pool = sorted((scores.get(u, 0.0), u) for _, prunable in groups for u in prunable)
-        chosen = {u for _, u in pool[: int(ratio * len(pool))]}
+        chosen = set(pool[: int(ratio * len(pool))])
         for i, (_, prunable) in enumerate(groups):
             wanted[i] = sum(u in chosen for u in prunable)
     else:
@@ -96,10 +113,9 @@ def select(cg, scores: dict, ratio: float, scope: str, min_channels: int, multip
             if wanted[i] > 0:
                 result.skip("group kept whole (min_channels / multiple)")
             continue
-        ranked = sorted(prunable, key=lambda u: (scores.get(u, 0.0), u))
         if max_loss > 0:
-            n = within_budget(ranked, n, group, importance or scores, max_loss, multiple, result)
-        removed.update(ranked[:n])
+            n = within_budget(prunable, n, group, importance or scores, max_loss, multiple, result)
+        removed.update(prunable[:n])
     return removed
 
 
@@ -171,6 +187,7 @@ def make_plan(model, ctx, cg, result, cap: float) -> Plan:
     if opts["cost"] != "none":
         mean = float(np.mean(list(costs.values()))) if costs else 1.0
         scores = {u: v * mean / max(costs.get(u, mean), 1e-12) for u, v in scores.items()}
+    release(model)  # the weight pages the statistics read
     return Plan(teacher, samples, stats, importance, scores, CostModel(cg, node_cost, multiple), multiple, cap)
 
 
@@ -217,7 +234,9 @@ def cut(model, cg, plan: Plan, removed: set, opts, result, progress=lambda it, *
     """Remove ``removed`` from ``model`` (analysed as ``cg``), the means folded, then re-fit."""
     result.metrics["units_pruned"] = len(removed)
     means = {i: plan.stats[c.tensor.name][0] for i, c in enumerate(cg.consumers)}
+    spill_to_scratch(model)  # the cut and re-fitted weights: file pages, not heap
     keep = apply(model, cg, removed, means)
+    release(model)
     result.rewrite("prune channel", len(removed))
     if opts["refit"]:
         refitter = Refitter(model, plan.teacher, plan.samples, opts["seed"])

@@ -16,9 +16,9 @@ in the bias), ridge regression with a prior toward ``W₀``::
     W(α) = argmin ‖X W − Y‖² + λ‖W − W₀‖²  =  (XᵀX + λI)⁻¹ (XᵀY + λW₀),   λ = α · tr(XᵀX)/d
 
 α is chosen on held-out rows: the rows of even-numbered samples fit ``W(α)`` for every α of
-``ALPHAS`` (one eigendecomposition ``XₜᵀXₜ = V S Vᵀ`` gives them all:
-``W(α) = V diag(1/(s+λ)) Vᵀ(XₜᵀYₜ + λW₀)``), the rows of odd-numbered samples score them,
-and the best α is solved again on all rows. Shrinking toward W₀ rather than 0 is what makes
+``ALPHAS`` (one eigendecomposition gives them all), the rows of odd-numbered samples score them,
+and the best α is solved again on all rows — in the dual form (m × m matrices) when there are
+fewer rows m than unknowns, the primal (n × n) otherwise (:mod:`onnxslim_kit.passes.prune.ridge`). Shrinking toward W₀ rather than 0 is what makes
 this work with few rows (an FC / SE layer sees one row per sample): a large α keeps W₀ where
 the data do not determine the weights. When no α beats W₀ on the held-out rows the layer
 keeps W₀ (reason counted). Then for Conv ``W ← W.reshape(C_out, C_in', kh, kw)`` and bias; for
@@ -43,10 +43,11 @@ from onnxslim_kit.activations import iter_activations
 
 from onnxslim_kit.passes._common.graph import attr, const_value
 from onnxslim_kit.passes.prune.apply import set_input
+from onnxslim_kit.passes.prune.held import release
+from onnxslim_kit.passes.prune.ridge import ALPHAS, fit_held_out, ridge, ridge_held_out  # noqa: F401 (re-exported)
 from onnxslim_kit.passes.prune.student import truncate, waves
 from onnxslim_kit.passes._common.layer_stats import conv_geometry
 
-ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 MAX_ROWS = 8192
 MAX_INPUTS = 4608
 MIN_SAMPLES = 4
@@ -91,44 +92,6 @@ def _positions(shape, count: int, rng) -> np.ndarray:
     return np.stack(np.unravel_index(flat, grid), axis=1)
 
 
-def _lam(gram: np.ndarray, d: int, alpha: float) -> float:
-    return alpha * float(np.trace(gram[:d, :d])) / max(d, 1) + 1e-12
-
-
-def ridge_held_out(x, y, w0, held_out: np.ndarray, d: int) -> tuple:
-    """(best α, held-out error of W(α), held-out error of W₀) — fit on ``~held_out`` rows."""
-    return fit_held_out(x, y, w0, held_out, d)[:3]
-
-
-def fit_held_out(x, y, w0, held_out: np.ndarray, d: int) -> tuple:
-    """:func:`ridge_held_out` and the solution for the best α on all rows (None when no α beats
-    W₀); the Gram matrices of the two halves are computed once and summed for the final solve."""
-    xt, yt, xv, yv = x[~held_out], y[~held_out], x[held_out], y[held_out]
-    gram_t, gram_v = xt.T @ xt, xv.T @ xv
-    rhs_t = xt.T @ yt
-    s, v = np.linalg.eigh(gram_t)
-    p, q = v.T @ rhs_t, v.T @ w0
-    base = float(np.sum((xv @ w0 - yv) ** 2))
-    best = (None, np.inf)
-    for alpha in ALPHAS:
-        lam = _lam(gram_t, d, alpha)
-        w = v @ ((p + lam * q) / (np.maximum(s, 0) + lam)[:, None])
-        err = float(np.sum((xv @ w - yv) ** 2))
-        if err < best[1]:
-            best = (alpha, err)
-    if best[0] is None or not best[1] < base:
-        return best[0], best[1], base, None
-    gram = gram_t + gram_v
-    lam = _lam(gram, d, best[0])
-    solved = np.linalg.solve(gram + lam * np.eye(len(gram)), rhs_t + xv.T @ yv + lam * w0)
-    return best[0], best[1], base, solved
-
-
-def ridge(x: np.ndarray, y: np.ndarray, w0: np.ndarray, d: int, alpha: float) -> np.ndarray:
-    gram = x.T @ x
-    return np.linalg.solve(gram + _lam(gram, d, alpha) * np.eye(len(gram)), x.T @ y + _lam(gram, d, alpha) * w0)
-
-
 def _held_out(sample_ids: np.ndarray) -> np.ndarray:
     """Rows of odd-numbered samples (of odd rows when all come from one sample)."""
     if len(np.unique(sample_ids)) > 1:
@@ -166,7 +129,8 @@ class Refitter:
         """Re-fit ``todo`` [(consumer, out mask)] in topological order: one teacher run for all,
         one truncated student run per wave of independent consumers."""
         self.prepare([c for c, _ in todo])
-        for wave in progress(waves(self.model.to_proto(), todo, lambda item: item[0].node), desc="prune refit"):
+        structure = self.model.to_proto(weights=False)
+        for wave in progress(waves(structure, todo, lambda item: item[0].node), desc="prune refit"):
             self.collect(wave)
             for c, out_mask in wave:
                 self.refit(c, out_mask, result)
@@ -232,10 +196,11 @@ class Refitter:
             return
         names = sorted({c.node.inputs[0].name for c in todo})
         n = max(self.targets[id(c.node)][0] for c in todo)
-        proto = truncate(self.model.to_proto(), names)
+        proto, arrays = self.model.session_proto()  # the session runs on the student's own arrays
+        proto = truncate(proto, names)
         for c in todo:
             self.inputs[id(c.node)] = ([], [])
-        for i, acts in enumerate(iter_activations(proto, names, self.samples[:n], threads=1)):
+        for i, acts in enumerate(iter_activations(proto, names, self.samples[:n], threads=1, arrays=arrays)):
             for c in todo:
                 if i >= self.targets[id(c.node)][0]:
                     continue
@@ -249,6 +214,7 @@ class Refitter:
                 else:
                     xs.append(x.reshape(-1, x.shape[-1]))
                 ids.append(np.full(len(xs[-1]), i))
+        release(self.model)  # the weight pages the run read (:mod:`onnxslim_kit.passes.prune.held`)
 
     def _rows(self, c, out_mask):
         """Student input rows X, teacher target rows Y and the sample index of every row."""

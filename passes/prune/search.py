@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 
 from onnxslim_kit.api import PassResult, pass_fidelity
 
+from onnxslim_kit.passes.prune.held import release
 from onnxslim_kit.passes.prune.judged import judge_model, report
 from onnxslim_kit.passes.prune.ratio import Plan, choose, cut, make_plan, max_share, sensitivity_applies
 from onnxslim_kit.passes.prune.sensitivity import Curves, levels
@@ -138,6 +139,7 @@ def bisect(model, ctx, cg, plan: Plan, fid, analyse_model) -> tuple:
 def judged_trial(model, ctx, cg, plan: Plan, r: float, removed: set, result, fid, analyse_model) -> Trial:
     """``removed`` cut from a copy of ``model`` (sharing its unchanged weights), re-fitted, judged."""
     start = time.perf_counter()
+    release(model)  # the original's weight pages read so far (:mod:`onnxslim_kit.passes.prune.held`)
     trial = model.snapshot()
     trial_cg = analyse_model(trial, ctx, shapes=cg.shapes)
     if len(trial_cg.all_units()) != len(cg.all_units()):

@@ -10,7 +10,8 @@ while others are forgiven by what follows. Here the model's *outputs* are measur
    teacher; with ``m_c = 0, b_c = E[T_c]`` it is the model after removing channel ``c`` with
    its mean moved into the consumers' biases — what :func:`._prune_apply.apply` builds (exact
    away from padded borders), before the re-fit. One ONNX Runtime session serves every
-   configuration below, so no model is rebuilt.
+   configuration below, so no model is rebuilt (no packed weight copies; closed after the curves
+   and after each check, step 4, so it holds no weight pages while the candidates run).
 2. **Loss curves.** For each source group ``g`` and a few cut sizes ``n`` (kept counts at
    multiples of ``multiple``, within ``cap`` and ``min_channels``) the ``n`` lowest-ranked
    units of ``g`` alone are masked and the outputs compared with the teacher's on a few
@@ -48,7 +49,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxslim_kit.runtime import make_session, run
+from onnxslim_kit.runtime import give_back, make_session, run
 
 from onnxslim_kit.passes.prune.apply import expand
 from onnxslim_kit.passes.prune.importance import unit_costs
@@ -118,13 +119,27 @@ class LossProbe:
 
     def __init__(self, teacher, cg, stats: dict, samples: list):
         self.cg = cg
-        proto, self.inputs = masked_model(teacher, cg)
-        self.measured = measured_tensors(proto)
-        self.session = make_session(proto, opt_level="all", threads=1, extra_outputs=self.measured)
+        self.proto, self.inputs = masked_model(teacher, cg)
+        self.measured = measured_tensors(self.proto)
+        self._session = None
         self.samples = samples
         self.means = {name: expand(stats[name][0], cg.layouts[name]).astype(np.float32) for name in self.inputs}
         self.units = {name: expand(cg.units_of(name), cg.layouts[name]) for name in self.inputs}
         self.reference = [self._run(s, {}) for s in samples]
+
+    @property
+    def session(self):
+        """The session, opened on first use after :meth:`close`: no packed weight copies, so it
+        holds no more than the pages of the weights it reads — and none once closed."""
+        if self._session is None:
+            self._session = make_session(self.proto, opt_level="all", threads=1, extra_outputs=self.measured,
+                                         prepack=False)
+        return self._session
+
+    def close(self) -> None:
+        """Drop the session (a later :meth:`loss` opens it again)."""
+        self._session = None
+        give_back()
 
     def _feed(self, removed: np.ndarray) -> dict:
         feed = {}
@@ -289,6 +304,7 @@ class Curves:
         self.probe, self.curves, self.counts = None, [], []
         if not self.configs:
             return
+        self.own_probe = probe is None  # closed between uses: a session held open keeps its weight pages
         try:
             self.probe = probe or LossProbe(teacher, cg, stats, samples[: self.n_samples])
         except Exception as exc:  # noqa: BLE001 - ORT rejects the masked model: keep the ranked selection
@@ -301,6 +317,11 @@ class Curves:
                 level_counts.append(cost_model.counts(ranked[:n]))
             self.curves.append(curve)
             self.counts.append(level_counts)
+        self._close()
+
+    def _close(self) -> None:
+        if self.own_probe and self.probe is not None:
+            self.probe.close()
 
     def choose(self, default: set, cap: float, result, floor: float = 0.0, fallback=None) -> set:
         """The allocation under ``max(saved(default), floor · saved(every prunable unit))`` with
@@ -326,6 +347,7 @@ class Curves:
         if fallback is not None:
             other = fallback(target, cost_model)
             joint, joint_other = self.probe.loss(removed), self.probe.loss(other)
+            self._close()
             result.metrics["sensitivity_joint_loss"] = [round(joint, 6), round(joint_other, 6)]
             if joint_other < joint and cost_model.saved(other) >= min(target, cost_model.saved(removed)):
                 result.skip("alloc=sensitivity: the ranked selection measured a smaller loss, kept")
