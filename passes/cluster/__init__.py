@@ -130,7 +130,7 @@ from onnxslim_kit.passes.cluster import stream
 from onnxslim_kit.passes.cluster.maths.encode import Clustered, snap_to_int8_grid
 from onnxslim_kit.passes.cluster.grams import chunks
 from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer, gptq_factor
-from onnxslim_kit.passes.cluster.maths.kmeans import cluster_weight
+from onnxslim_kit.passes.cluster.maths.kmeans import at_most_distinct, cluster_weight
 from onnxslim_kit.passes.cluster.maths.rows import row_codebooks
 from onnxslim_kit.passes.cluster.select import FLOAT, ROWS, choose
 from onnxslim_kit.passes.cluster.write import encode_all
@@ -269,7 +269,8 @@ class ClusterPass(Pass):
         gptq = self._cluster_all(items, sizes, opts, (layers, model.to_proto() if layers else None, data.samples), ctx)
         chosen, verdict, trials = [k] * len(items), None, None
         if fid:
-            chosen, verdict, trials = self._choose(model, items, ctx.feed.take(RANK_SAMPLES), fid, sizes)
+            proxy = (model, layers, data.samples) if layers else None
+            chosen, verdict, trials = self._choose(model, items, ctx.feed.take(RANK_SAMPLES), fid, sizes, proxy)
         kept = []
         for item, level in zip(items, chosen):
             if level is FLOAT:
@@ -357,7 +358,7 @@ class ClusterPass(Pass):
         for level in sizes:
             books[level] = {}
             for key, members in (groups.items() if level is not ROWS else ()):
-                parts = [(m.values, m.scales, m.axis) for m in members if np.unique(m.values).size > level]
+                parts = [(m.values, m.scales, m.axis) for m in members if not at_most_distinct(m.values, level)]
                 if parts:  # assigned against the stored (rounded) centroids: decoding is exact
                     books[level][key] = half_codebook(shared_codebook(parts, level, opts["keep_zero"]),
                                                       stream.NODE_BYTES)
@@ -379,10 +380,10 @@ class ClusterPass(Pass):
             if factor[0] is None:
                 factor[0] = gptq_factor(entry.normalized_gram)
             return cluster_layer(layer, None, codebook, scales, opts["keep_zero"], per_input, factor[0])
-        exact = np.unique(values).size <= k
+        exact = at_most_distinct(values, k)
         if per_row:
             axis = book_axis(item.node, item.index, values, item.axis)
-            codebook, labels, exact_rows = row_codebooks(values, axis, k, opts["keep_zero"])
+            codebook, labels, exact_rows = row_codebooks(values, axis, k, opts["keep_zero"], labels=not gptq)
             gptq = gptq and not exact_rows
             if gptq:
                 labels = assign(codebook, None, per_input=axis != item.axis)
@@ -412,10 +413,10 @@ class ClusterPass(Pass):
         return clustered, int(bool(gptq))
 
     @staticmethod
-    def _choose(model, items, rank_samples: list, fid, levels) -> tuple:
+    def _choose(model, items, rank_samples: list, fid, levels, proxy=None) -> tuple:
         """``(levels per item, verdict or None, trials)`` holding ``fid`` (items whose
         initializer name is not unique in the model keep the first level: they could not be fed
-        apart)."""
+        apart); ``proxy``: :func:`.select.choose`'s."""
         objects = {}
         for graph in model.all_graphs():
             for tensor in graph.tensors().values():
@@ -424,7 +425,7 @@ class ClusterPass(Pass):
         chosen = [levels[0]] * len(items)
         if not main or not fid.samples:
             return chosen, None, None
-        picked, verdict, trials = choose(model.to_proto(), [items[i] for i in main], rank_samples, fid, levels)
+        picked, verdict, trials = choose(model.to_proto(), [items[i] for i in main], rank_samples, fid, levels, proxy)
         for i, level in zip(main, picked):
             chosen[i] = level
         return chosen, verdict, trials
