@@ -125,6 +125,7 @@ import onnx_graphsurgeon as gs
 
 from onnxslim_kit.api import Option, Pass, PassResult, check_target, exclusions, model_size_bytes, pass_fidelity, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
+from onnxslim_kit.streaming import ScratchArrays, release_pages
 
 from onnxslim_kit.passes.cluster import stream
 from onnxslim_kit.passes.cluster.maths.encode import Clustered, snap_to_int8_grid
@@ -150,6 +151,7 @@ from onnxslim_kit.passes._common.match import NOT_CONCERNED
 WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1),
                  "LSTM": (1, 2), "GRU": (1, 2), "RNN": (1, 2)}  # recurrent W, R: [directions, gates·H, ·]
 FLOAT_KINDS = (np.float16, np.float32, np.float64)
+LARGE_BYTES = 256 << 20  # weights to cluster above which labels go to a scratch file and Gram rows are kept
 RANK_SAMPLES = 4  # fit samples on which each layer's own damage is measured (select.py)
 MAX_NOTE_LAYERS = 40
 
@@ -266,7 +268,10 @@ class ClusterPass(Pass):
         sizes = [k, k_high] if fid and k_high > k else [k]
         if fid and opts["rows"] and not opts["per_channel"]:
             sizes.insert(1, ROWS)
-        gptq = self._cluster_all(items, sizes, opts, (layers, model.to_proto() if layers else None, data.samples), ctx)
+        large = sum(int(item.values.nbytes) for item in items) > LARGE_BYTES
+        labels = ScratchArrays() if large else None  # every level's labels: file pages, not heap
+        gptq = self._cluster_all(items, sizes, opts, (layers, model.to_proto() if layers else None, data.samples),
+                                 ctx, labels)
         chosen, verdict, trials = [k] * len(items), None, None
         if fid:
             proxy = (model, layers, data.samples) if layers else None
@@ -278,6 +283,8 @@ class ClusterPass(Pass):
             else:
                 kept.append((item, item.levels[level]))
         encoded = encode_all(model, kept, result)
+        if labels is not None:
+            labels.close()  # the maps the encodings still read stay valid
         if not result.modified:
             return result
         for graph in model.all_graphs():
@@ -309,12 +316,15 @@ class ClusterPass(Pass):
         return items
 
     @staticmethod
-    def _cluster_all(items: list, sizes: list, opts, data: tuple, ctx) -> int:
+    def _cluster_all(items: list, sizes: list, opts, data: tuple, ctx, scratch=None) -> int:
         """Fill ``item.levels[level]`` for every level; returns how many clusterings GPTQ assigned.
 
         ``data``: ``(layers by id(node), proto, fit samples)``. Item by item, every level at once:
         a layer's Gram matrix and GPTQ factor serve all its levels, and the Gram matrices are
-        held a group of layers at a time (:mod:`onnxslim_kit.passes.cluster.grams`)."""
+        held a group of layers at a time (:mod:`onnxslim_kit.passes.cluster.grams`; their rows
+        instead where fewer, with a ``scratch``). ``scratch`` (a large model's
+        :class:`onnxslim_kit.streaming.ScratchArrays`): the labels go there, and each weight's
+        pages of the model's file are dropped once its levels are done."""
         layers, proto, samples = data
         books = ClusterPass._books(items, sizes, opts)
         bar = iter(ctx.progress(range(len(items)), desc="cluster", total=len(items)))
@@ -329,6 +339,10 @@ class ClusterPass(Pass):
                 item.levels[level], one = ClusterPass._cluster(item, level, books.get(level, {}), opts,
                                                                layer if usable else None, entry, factor)
                 used += one
+                if scratch is not None:
+                    item.levels[level].labels = scratch.put(item.levels[level].labels)
+                    release_pages(item.levels[level].labels)
+            release_pages(item.values)
             return used
 
         by_node = {key: layer for key, layer in layers.items()}
@@ -336,7 +350,7 @@ class ClusterPass(Pass):
             if id(item.node) not in by_node or item.index != 1:
                 gptq += fill(item)
         order = [layer for layer in by_node.values()]
-        for group, grams in (chunks(proto, order, samples) if order else ()):
+        for group, grams in (chunks(proto, order, samples, keep_rows=scratch is not None) if order else ()):
             members = {layer.key: layer for layer in group}
             for item in items:
                 if item.index == 1 and id(item.node) in members:
@@ -354,6 +368,7 @@ class ClusterPass(Pass):
                 item.scales = row_scales(item.values, item.axis)
                 item.share = stack_key(item.graph, item.values, item.axis, item)
                 groups.setdefault(item.share, []).append(item)
+                release_pages(item.values)
         books = {}
         for level in sizes:
             books[level] = {}
@@ -362,6 +377,8 @@ class ClusterPass(Pass):
                 if parts:  # assigned against the stored (rounded) centroids: decoding is exact
                     books[level][key] = half_codebook(shared_codebook(parts, level, opts["keep_zero"]),
                                                       stream.NODE_BYTES)
+                for member in members:
+                    release_pages(member.values)
         return books
 
     @staticmethod
