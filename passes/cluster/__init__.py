@@ -161,7 +161,9 @@ def model_bytes(model) -> tuple:
     external data files too (``model_size_bytes``), the compressed one the serialized part only."""
     proto = model.to_proto()
     blob = proto.SerializeToString()
-    return max(len(blob), model_size_bytes(proto)), len(zlib.compress(blob, 6))
+    raw = max(len(blob), model_size_bytes(proto))
+    del proto  # a large model's encodings: one copy fewer while the blob is compressed
+    return raw, len(zlib.compress(blob, 6))
 
 
 def channel_axis(node, index: int, ndim: int) -> int:
@@ -395,7 +397,7 @@ class ClusterPass(Pass):
 
         def assign(codebook, scales, per_input=False):
             if factor[0] is None:
-                factor[0] = gptq_factor(entry.normalized_gram)
+                factor[0] = gptq_factor(entry.normalized_gram, overwrite=True)  # a fresh array
             return cluster_layer(layer, None, codebook, scales, opts["keep_zero"], per_input, factor[0])
         exact = at_most_distinct(values, k)
         if per_row:

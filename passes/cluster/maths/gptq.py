@@ -44,29 +44,46 @@ DAMPING = 0.01
 BLOCK = 128  # columns whose updates of the later columns are applied together (lazy batch updates)
 
 
-def gptq_factor(gram: np.ndarray) -> tuple:
+def gptq_factor(gram: np.ndarray, overwrite: bool = False) -> tuple:
     """``(dead input channels, U)``: the damped ``H``'s ``U = chol(H⁻¹)ᵀ`` (upper), which depends
-    on the statistics alone — computed once per layer and shared by its codebook levels.
+    on the statistics alone — computed once per layer and shared by its codebook levels;
+    ``overwrite``: ``gram`` (C-contiguous float64) is used as the work space.
 
-    Without forming ``H⁻¹`` (one Cholesky and one triangular inverse, float64 LAPACK: ``2k³/3``
-    flops instead of the ``3k³`` of a Cholesky, a solve against ``I`` and a second Cholesky;
-    a 6144-input layer 600 → 150 GFLOP): with ``J`` the reversal permutation,
-    ``chol(J H J) = L̃`` (lower) gives ``H = R Rᵀ`` with ``R = J L̃ J`` upper triangular, so
-    ``H⁻¹ = R⁻ᵀ R⁻¹`` and ``U = R⁻¹`` (the upper Cholesky factor of ``H⁻¹`` is unique)."""
-    h = np.array(gram, dtype=np.float64)
-    dead = np.diag(h) <= 0
-    h[dead, dead] = 1.0
-    h[np.diag_indices(len(h))] += DAMPING * float(np.mean(np.diag(h)))
-    flipped = np.ascontiguousarray(h[::-1, ::-1])
-    del h
-    potrf, trtri = get_lapack_funcs(("potrf", "trtri"), (flipped,))
-    low, info = potrf(flipped, lower=1, overwrite_a=1, clean=1)
+    Without forming ``H⁻¹`` (one Cholesky and one triangular inverse, float64 LAPACK, in place:
+    ``2k³/3`` flops and no ``k × k`` array beside ``H``, instead of the ``3k³`` and three more
+    arrays of a Cholesky, a solve against ``I`` and a second Cholesky): with ``J`` the reversal
+    permutation, ``chol(J H J) = L̃`` (lower) gives ``H = R Rᵀ`` with ``R = J L̃ J`` upper
+    triangular, so ``H⁻¹ = R⁻ᵀ R⁻¹`` and ``U = R⁻¹ = J L̃⁻¹ J`` (the upper Cholesky factor of
+    ``H⁻¹`` is unique). ``J H J`` is ``H``'s buffer reversed; being symmetric, its C-order
+    buffer is also its Fortran-order one, which LAPACK overwrites; ``U`` is ``L̃⁻¹``'s buffer
+    reversed again."""
+    h = gram if overwrite and gram.dtype == np.float64 and gram.flags.c_contiguous else np.array(gram, np.float64)
+    diagonal = np.diag(h).copy()
+    dead = diagonal <= 0
+    diagonal[dead] = 1.0
+    diagonal += DAMPING * float(np.mean(diagonal))
+    h[np.diag_indices(len(h))] = diagonal
+    _reverse(h.reshape(-1))  # J H J, in place
+    potrf, trtri = get_lapack_funcs(("potrf", "trtri"), (h,))
+    low, info = potrf(h.T, lower=1, overwrite_a=1, clean=1)
     if info != 0:
         raise np.linalg.LinAlgError(f"Gram matrix not positive definite (potrf info {info})")
-    upper, info = trtri(np.ascontiguousarray(low[::-1, ::-1]), lower=0, overwrite_c=1)
+    inverse, info = trtri(low, lower=1, overwrite_c=1)
     if info != 0:
         raise np.linalg.LinAlgError(f"Gram factor singular (trtri info {info})")
-    return dead, upper
+    buffer = inverse.T.reshape(-1)  # inverse is Fortran-ordered: its buffer in memory order
+    _reverse(buffer)  # J L̃⁻¹ J, in place: U in Fortran order (positive strides, for BLAS)
+    return dead, buffer.reshape(inverse.shape).T
+
+
+def _reverse(flat: np.ndarray, chunk: int = 1 << 20) -> None:
+    """Reverse ``flat`` in place, ``chunk`` values swapped at a time (no whole copy)."""
+    n = flat.size
+    for start in range(0, n // 2, chunk):
+        stop = min(start + chunk, n // 2)
+        head = flat[start:stop].copy()
+        flat[start:stop] = flat[n - stop:n - start][::-1]
+        flat[n - stop:n - start] = head[::-1]
 
 
 def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scales: np.ndarray,
@@ -90,7 +107,7 @@ def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scal
             book, zero_label = book[columns], None if zero_label is None else zero_label[columns]
     else:
         zero_label = int(np.flatnonzero(book == 0)[0]) if zeros is not None and np.any(book == 0) else None
-    labels = np.empty(wt.shape, np.int64)
+    labels = np.empty(wt.shape, np.uint8 if book.shape[-1] <= 256 else np.int64)
     width = len(wt)
     errors = np.empty((min(BLOCK, width), wt.shape[1]))
     for i in range(width):

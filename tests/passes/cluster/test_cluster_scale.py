@@ -140,3 +140,38 @@ def test_large_model_mode_proxies_the_damages_and_holds_the_target(rng, monkeypa
     assert session.run(None, samples[0])[0].shape == (8, 256)
     again, _ = _run(model, spec, samples)
     assert again.SerializeToString() == out.SerializeToString()  # deterministic
+
+
+def test_the_packed_stream_is_the_packing_of_the_concatenation(rng):
+    from onnxslim_kit.passes.cluster import stream
+    from onnxslim_kit.passes.cluster.maths.encode import pack_labels
+    for sizes in ([7, 4, 10], [1], [3, 3], [12, 1, 1, 6]):
+        flats = [rng.integers(0, 16, n).astype(np.uint8) for n in sizes]
+        joined = np.concatenate(flats)
+        pad = joined.size % 2
+        want = pack_labels(np.concatenate([joined, np.zeros(pad, np.uint8)]), 16)[0]
+        np.testing.assert_array_equal(stream._packed_stream(flats, pad), want)
+
+
+def _outputs(model, sample, opt):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = opt
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, sample)[0]
+
+
+def test_the_lean_decoder_of_a_large_stream_decodes_the_same_weights(rng, monkeypatch):
+    from onnxslim_kit.passes.cluster import stream
+    model = _mlp(rng)
+    model.graph.node[0].op_type = "Gemm"  # a Gemm transB=1 weight: its channel axis is 0
+    model.graph.node[0].attribute.append(onnx.helper.make_attribute("transB", 1))
+    samples = [{"x": rng.standard_normal((8, 256)).astype(np.float32)} for _ in range(16)]
+    for spec in ("cluster(k=4,target=none)", "cluster(k=32,target=none)", "cluster(k=4,per_channel=true,target=none)"):
+        plain, _ = _run(model, spec, samples)
+        with monkeypatch.context() as patch:
+            patch.setattr(stream, "LEAN_ABOVE", 0)
+            lean, _ = _run(model, spec, samples)
+        ops = {n.op_type for n in lean.graph.node}
+        assert "GatherElements" in ops and plain.SerializeToString() != lean.SerializeToString()
+        for opt in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+            np.testing.assert_array_equal(_outputs(lean, samples[0], opt), _outputs(plain, samples[0], opt))
