@@ -57,7 +57,7 @@ import onnx
 
 from onnxslim_kit.model import proto_graphs
 from onnxslim_kit.runtime import give_back, make_session, run
-from onnxslim_kit.streaming import ScratchArrays, copy_fields
+from onnxslim_kit.streaming import ScratchArrays, copy_fields, release_pages
 
 from onnxslim_kit.passes.int4.mixed import sample_count, weights_as_inputs
 from onnxslim_kit.passes.cluster import damage
@@ -127,7 +127,10 @@ class Trials:
         return self.fid.judge([self._run(s, values) for s in self.fid.samples])
 
     def verdict_of(self, items: list, chosen: list):
-        """:meth:`verdict` of ``items`` at their ``chosen`` levels, decoded into a scratch file."""
+        """:meth:`verdict` of ``items`` at their ``chosen`` levels, decoded into a scratch file
+        (the float weights' pages, which a configuration does not read, dropped first)."""
+        for values in self.weights.values():
+            release_pages(values)
         scratch = ScratchArrays()
         try:
             return self.verdict({it.name: scratch.put(it.levels[lv].decoded())
