@@ -216,6 +216,7 @@ class Item:
     levels: dict = field(default_factory=dict)
     scales: np.ndarray | None = None  # (C,) row scales when the codebook is shared
     share: tuple | None = None  # stack key of the weights that share its codebook
+    rows: np.ndarray | None = None  # its input rows (float32, R × k), held for a large model's proxy
 
     @property
     def weight(self):
@@ -227,6 +228,11 @@ class Item:
 
     def label(self) -> str:
         return self.node.name or self.node.op
+
+    def drop_pages(self) -> None:
+        """Drop the resident pages of the weight's map of the model's file (the constant's one
+        map, which ``values`` and the layer's matrix view; a no-op for weights in memory)."""
+        release_pages(self.weight.values)
 
 
 @register_pass
@@ -276,8 +282,7 @@ class ClusterPass(Pass):
                                  ctx, labels)
         chosen, verdict, trials = [k] * len(items), None, None
         if fid:
-            proxy = (model, layers, data.samples) if layers else None
-            chosen, verdict, trials = self._choose(model, items, ctx.feed.take(RANK_SAMPLES), fid, sizes, proxy)
+            chosen, verdict, trials = self._choose(model, items, ctx.feed.take(RANK_SAMPLES), fid, sizes, large)
         kept = []
         for item, level in zip(items, chosen):
             if level is FLOAT:
@@ -344,7 +349,9 @@ class ClusterPass(Pass):
                 if scratch is not None:
                     item.levels[level].labels = scratch.put(item.levels[level].labels)
                     release_pages(item.levels[level].labels)
-            release_pages(item.values)
+            item.drop_pages()
+            if scratch is not None and usable:
+                item.rows = entry.held_rows()  # the proxy's rows (module docstring of .damage)
             return used
 
         by_node = {key: layer for key, layer in layers.items()}
@@ -370,7 +377,7 @@ class ClusterPass(Pass):
                 item.scales = row_scales(item.values, item.axis)
                 item.share = stack_key(item.graph, item.values, item.axis, item)
                 groups.setdefault(item.share, []).append(item)
-                release_pages(item.values)
+                item.drop_pages()
         books = {}
         for level in sizes:
             books[level] = {}
@@ -380,7 +387,7 @@ class ClusterPass(Pass):
                     books[level][key] = half_codebook(shared_codebook(parts, level, opts["keep_zero"]),
                                                       stream.NODE_BYTES)
                 for member in members:
-                    release_pages(member.values)
+                    member.drop_pages()
         return books
 
     @staticmethod
@@ -432,7 +439,7 @@ class ClusterPass(Pass):
         return clustered, int(bool(gptq))
 
     @staticmethod
-    def _choose(model, items, rank_samples: list, fid, levels, proxy=None) -> tuple:
+    def _choose(model, items, rank_samples: list, fid, levels, proxy: bool = False) -> tuple:
         """``(levels per item, verdict or None, trials)`` holding ``fid`` (items whose
         initializer name is not unique in the model keep the first level: they could not be fed
         apart); ``proxy``: :func:`.select.choose`'s."""

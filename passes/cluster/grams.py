@@ -56,10 +56,16 @@ class Gram:
         parts, self.held = (self.held or []) + [rows], None
         return np.concatenate([np.asarray(p, np.float64) for p in parts])
 
+    def held_rows(self) -> np.ndarray | None:
+        """The held rows as one float32 array (kept as such), None when ``H`` is held instead."""
+        if self.held and len(self.held) > 1:
+            self.held = [np.concatenate(self.held)]
+        return self.held[0] if self.held else None
+
     @property
     def normalized_gram(self) -> np.ndarray | None:
         if self.held:
-            r64 = np.concatenate([np.asarray(p, np.float64) for p in self.held])
+            r64 = self.held_rows().astype(np.float64)
             return (r64.T @ r64) / max(self.gram_rows, 1)
         return None if self.total is None else self.total / max(self.gram_rows, 1)
 

@@ -35,8 +35,7 @@ k_high and 17 float (0.30× the original); with prices: 0.19× (results
 ``cluster-2026-11-29-s3*.md``).
 
 All evaluations run in one ONNX Runtime session in which the candidate weights are graph
-inputs (:func:`feedable`; int4's :func:`onnxslim_kit.passes.int4.mixed.weights_as_inputs`),
-fed their float values — read-only maps of the weights' file for a model left on disk, which
+inputs (:func:`feedable`), fed their float values — read-only maps of the weights' file for a model left on disk, which
 ORT reads in place (as overridable initializers ORT copied every one of them into the
 session) — and a configuration overrides them, ``{weight name: decoded values}``, so no model
 is rebuilt or re-serialised per trial. A configuration's decoded weights go to a scratch file
@@ -47,7 +46,7 @@ branches of a concatenated head) are the original's, which ``fid`` holds.
 Large models: step 2's damages take one whole-model run per layer, step and sample; when those
 runs would read more than ``MEASURE_BYTES`` of weights, most of them come from a local proxy
 scaled per class of layers (:mod:`onnxslim_kit.passes.cluster.damage`), and the measured ones
-run on ``mixed.sample_count``'s capped samples.
+run on at most ``SAMPLE_BYTES / weight bytes`` samples (one at 2.75 GB, as int4's).
 """
 
 from __future__ import annotations
@@ -57,10 +56,9 @@ import onnx
 
 from onnxslim_kit.model import proto_graphs
 from onnxslim_kit.runtime import give_back, make_session, run
-from onnxslim_kit.streaming import ScratchArrays, copy_fields, release_pages
+from onnxslim_kit.streaming import ScratchArrays, copy_fields, release_pages, tensor_array
 
-from onnxslim_kit.passes.int4.mixed import sample_count, weights_as_inputs
-from onnxslim_kit.passes.cluster import damage
+from onnxslim_kit.passes.cluster.damage import proxied as proxied_damages
 
 from onnxslim_kit.passes.cluster.maths.kmeans import at_most_distinct
 from onnxslim_kit.passes.cluster.stream import group_bytes, member_bytes
@@ -68,24 +66,37 @@ from onnxslim_kit.passes.cluster.stream import group_bytes, member_bytes
 FLOAT = None  # level of a layer left unclustered
 UNCHANGED = 1e-9  # 1 − cosine of equal outputs, float64 rounding
 MEASURE_BYTES = 64 << 30  # weight bytes the measured damages may read before a proxy stands in (:mod:`.damage`)
+SAMPLE_BYTES = 4 << 30  # then: weight bytes one measured damage may read (1 sample at 2.75 GB, as int4)
 ROWS = "rows"  # level of a layer with a codebook per row (k centroids each, :mod:`onnxslim_kit.passes.cluster.maths.rows`)
 
 
 def feedable(proto: onnx.ModelProto, names: list) -> tuple:
     """``(a copy of proto whose initializers names are graph inputs instead, {name: float
-    values})``. An initializer of an If/Loop/Scan body moves to the main graph first: the body
-    reads it as an outer-scope value, so weights inside control flow (silero-vad's If branches)
-    can be fed too."""
+    values})``: the values a read-only map of the weights' file for a weight left on disk
+    (:func:`onnxslim_kit.streaming.tensor_array`), else a copy of its bytes. An initializer of
+    an If/Loop/Scan body moves to the main graph: the body reads it as an outer-scope value,
+    so weights inside control flow (silero-vad's If branches) can be fed too."""
     out = onnx.ModelProto()
     copy_fields(proto, out, skip=("graph",))
-    copy_fields(proto.graph, out.graph)
+    copy_fields(proto.graph, out.graph, skip=("initializer",))
     out.ir_version = max(out.ir_version, 4)
-    wanted = set(names) - {t.name for t in out.graph.initializer}
+    wanted, values = set(names), {}
     for graph in list(proto_graphs(out.graph))[1:]:  # the bodies, nested ones included
         for t in [t for t in graph.initializer if t.name in wanted]:
-            out.graph.initializer.append(t)
+            values[t.name] = tensor_array(t)
             graph.initializer.remove(t)
-    return weights_as_inputs(out, names)
+    for t in proto.graph.initializer:
+        if t.name in wanted:
+            values[t.name] = tensor_array(t)
+        else:
+            out.graph.initializer.append(t)
+    declared = {i.name for i in out.graph.input}
+    for name in names:
+        if name not in declared:
+            dims = list(values[name].shape)
+            dtype = onnx.helper.np_dtype_to_tensor_dtype(values[name].dtype)
+            out.graph.input.append(onnx.helper.make_tensor_value_info(name, dtype, dims))
+    return out, values
 
 
 class Trials:
@@ -140,19 +151,19 @@ class Trials:
             give_back()
 
 
-def choose(proto, items: list, rank_samples: list, fid, levels: list, proxy=None) -> tuple:
+def choose(proto, items: list, rank_samples: list, fid, levels: list, proxy: bool = False) -> tuple:
     """``(levels, verdict, trials)``: one level per item, from its ladder (:func:`ladder` over
     ``levels``, cheapest first, :data:`FLOAT` last), holding ``fid.met`` if any configuration
     does. ``items`` have ``name`` (the initializer), ``values`` and ``levels`` (``{level:
-    Clustered}``); ``rank_samples``: fit samples for the per-layer damages; ``proxy``: ``(model,
-    layers by id(node), fit samples)`` for the proxied damages of a large model
-    (:mod:`onnxslim_kit.passes.cluster.damage`), None: every damage measured."""
+    Clustered}``); ``rank_samples``: fit samples for the per-layer damages; ``proxy``: the
+    damages of the items with input ``rows`` may come from the proxy of a large model
+    (:mod:`onnxslim_kit.passes.cluster.damage`)."""
     ladders = [ladder(it, levels) for it in items]
     weight_bytes = sum(int(it.values.nbytes) for it in items)
     runs = sum(len(steps) - 1 for steps in ladders) * len(rank_samples)
-    proxied = proxy is not None and runs * weight_bytes > MEASURE_BYTES
+    proxied = proxy and runs * weight_bytes > MEASURE_BYTES
     if proxied:
-        rank_samples = rank_samples[:sample_count(len(rank_samples), weight_bytes)]
+        rank_samples = rank_samples[:max(1, SAMPLE_BYTES // max(weight_bytes, 1))]
     trials = Trials(proto, [it.name for it in items], rank_samples, fid)
     low = [steps[0] for steps in ladders]
     verdict = trials.verdict_of(items, low)
@@ -162,7 +173,7 @@ def choose(proto, items: list, rank_samples: list, fid, levels: list, proxy=None
     def measure(item, level) -> float:
         return trials.error({item.name: item.levels[level].decoded()})
     costs = [[_bytes(item, lv, levels[0]) for lv in steps] for item, steps in zip(items, ladders)]
-    damages = (damage.proxied(items, ladders, proxy, measure) if proxied else
+    damages = (proxied_damages(items, ladders, measure) if proxied else
                [[0.0 if lv is FLOAT else measure(item, lv) for lv in steps] for item, steps in zip(items, ladders)])
     for steps, cost, damaged in zip(ladders, costs, damages):
         if damaged[0] <= UNCHANGED:  # the layer does not change the output (an If branch not taken)
