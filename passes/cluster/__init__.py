@@ -125,12 +125,13 @@ import onnx_graphsurgeon as gs
 
 from onnxslim_kit.api import Option, Pass, PassResult, check_target, exclusions, model_size_bytes, pass_fidelity, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
+from onnxslim_kit.streaming import ScratchArrays, release_pages
 
 from onnxslim_kit.passes.cluster import stream
 from onnxslim_kit.passes.cluster.maths.encode import Clustered, snap_to_int8_grid
 from onnxslim_kit.passes.cluster.grams import chunks
 from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer, gptq_factor
-from onnxslim_kit.passes.cluster.maths.kmeans import cluster_weight
+from onnxslim_kit.passes.cluster.maths.kmeans import at_most_distinct, cluster_weight
 from onnxslim_kit.passes.cluster.maths.rows import row_codebooks
 from onnxslim_kit.passes.cluster.select import FLOAT, ROWS, choose
 from onnxslim_kit.passes.cluster.write import encode_all
@@ -150,6 +151,7 @@ from onnxslim_kit.passes._common.match import NOT_CONCERNED
 WEIGHT_INPUTS = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1),
                  "LSTM": (1, 2), "GRU": (1, 2), "RNN": (1, 2)}  # recurrent W, R: [directions, gates·H, ·]
 FLOAT_KINDS = (np.float16, np.float32, np.float64)
+LARGE_BYTES = 256 << 20  # weights to cluster above which labels go to a scratch file and Gram rows are kept
 RANK_SAMPLES = 4  # fit samples on which each layer's own damage is measured (select.py)
 MAX_NOTE_LAYERS = 40
 
@@ -159,7 +161,9 @@ def model_bytes(model) -> tuple:
     external data files too (``model_size_bytes``), the compressed one the serialized part only."""
     proto = model.to_proto()
     blob = proto.SerializeToString()
-    return max(len(blob), model_size_bytes(proto)), len(zlib.compress(blob, 6))
+    raw = max(len(blob), model_size_bytes(proto))
+    del proto  # a large model's encodings: one copy fewer while the blob is compressed
+    return raw, len(zlib.compress(blob, 6))
 
 
 def channel_axis(node, index: int, ndim: int) -> int:
@@ -212,6 +216,7 @@ class Item:
     levels: dict = field(default_factory=dict)
     scales: np.ndarray | None = None  # (C,) row scales when the codebook is shared
     share: tuple | None = None  # stack key of the weights that share its codebook
+    rows: np.ndarray | None = None  # its input rows (float32, R × k), held for a large model's proxy
 
     @property
     def weight(self):
@@ -223,6 +228,11 @@ class Item:
 
     def label(self) -> str:
         return self.node.name or self.node.op
+
+    def drop_pages(self) -> None:
+        """Drop the resident pages of the weight's map of the model's file (the constant's one
+        map, which ``values`` and the layer's matrix view; a no-op for weights in memory)."""
+        release_pages(self.weight.values)
 
 
 @register_pass
@@ -266,10 +276,13 @@ class ClusterPass(Pass):
         sizes = [k, k_high] if fid and k_high > k else [k]
         if fid and opts["rows"] and not opts["per_channel"]:
             sizes.insert(1, ROWS)
-        gptq = self._cluster_all(items, sizes, opts, (layers, model.to_proto() if layers else None, data.samples), ctx)
+        large = sum(int(item.values.nbytes) for item in items) > LARGE_BYTES
+        labels = ScratchArrays() if large else None  # every level's labels: file pages, not heap
+        gptq = self._cluster_all(items, sizes, opts, (layers, model.to_proto() if layers else None, data.samples),
+                                 ctx, labels)
         chosen, verdict, trials = [k] * len(items), None, None
         if fid:
-            chosen, verdict, trials = self._choose(model, items, ctx.feed.take(RANK_SAMPLES), fid, sizes)
+            chosen, verdict, trials = self._choose(model, items, ctx.feed.take(RANK_SAMPLES), fid, sizes, large)
         kept = []
         for item, level in zip(items, chosen):
             if level is FLOAT:
@@ -277,6 +290,8 @@ class ClusterPass(Pass):
             else:
                 kept.append((item, item.levels[level]))
         encoded = encode_all(model, kept, result)
+        if labels is not None:
+            labels.close()  # the maps the encodings still read stay valid
         if not result.modified:
             return result
         for graph in model.all_graphs():
@@ -308,12 +323,15 @@ class ClusterPass(Pass):
         return items
 
     @staticmethod
-    def _cluster_all(items: list, sizes: list, opts, data: tuple, ctx) -> int:
+    def _cluster_all(items: list, sizes: list, opts, data: tuple, ctx, scratch=None) -> int:
         """Fill ``item.levels[level]`` for every level; returns how many clusterings GPTQ assigned.
 
         ``data``: ``(layers by id(node), proto, fit samples)``. Item by item, every level at once:
         a layer's Gram matrix and GPTQ factor serve all its levels, and the Gram matrices are
-        held a group of layers at a time (:mod:`onnxslim_kit.passes.cluster.grams`)."""
+        held a group of layers at a time (:mod:`onnxslim_kit.passes.cluster.grams`; their rows
+        instead where fewer, with a ``scratch``). ``scratch`` (a large model's
+        :class:`onnxslim_kit.streaming.ScratchArrays`): the labels go there, and each weight's
+        pages of the model's file are dropped once its levels are done."""
         layers, proto, samples = data
         books = ClusterPass._books(items, sizes, opts)
         bar = iter(ctx.progress(range(len(items)), desc="cluster", total=len(items)))
@@ -328,6 +346,12 @@ class ClusterPass(Pass):
                 item.levels[level], one = ClusterPass._cluster(item, level, books.get(level, {}), opts,
                                                                layer if usable else None, entry, factor)
                 used += one
+                if scratch is not None:
+                    item.levels[level].labels = scratch.put(item.levels[level].labels)
+                    release_pages(item.levels[level].labels)
+            item.drop_pages()
+            if scratch is not None and usable:
+                item.rows = entry.held_rows()  # the proxy's rows (module docstring of .damage)
             return used
 
         by_node = {key: layer for key, layer in layers.items()}
@@ -335,7 +359,7 @@ class ClusterPass(Pass):
             if id(item.node) not in by_node or item.index != 1:
                 gptq += fill(item)
         order = [layer for layer in by_node.values()]
-        for group, grams in (chunks(proto, order, samples) if order else ()):
+        for group, grams in (chunks(proto, order, samples, keep_rows=scratch is not None) if order else ()):
             members = {layer.key: layer for layer in group}
             for item in items:
                 if item.index == 1 and id(item.node) in members:
@@ -353,14 +377,17 @@ class ClusterPass(Pass):
                 item.scales = row_scales(item.values, item.axis)
                 item.share = stack_key(item.graph, item.values, item.axis, item)
                 groups.setdefault(item.share, []).append(item)
+                item.drop_pages()
         books = {}
         for level in sizes:
             books[level] = {}
             for key, members in (groups.items() if level is not ROWS else ()):
-                parts = [(m.values, m.scales, m.axis) for m in members if np.unique(m.values).size > level]
+                parts = [(m.values, m.scales, m.axis) for m in members if not at_most_distinct(m.values, level)]
                 if parts:  # assigned against the stored (rounded) centroids: decoding is exact
                     books[level][key] = half_codebook(shared_codebook(parts, level, opts["keep_zero"]),
                                                       stream.NODE_BYTES)
+                for member in members:
+                    member.drop_pages()
         return books
 
     @staticmethod
@@ -377,12 +404,12 @@ class ClusterPass(Pass):
 
         def assign(codebook, scales, per_input=False):
             if factor[0] is None:
-                factor[0] = gptq_factor(entry.normalized_gram)
+                factor[0] = gptq_factor(entry.normalized_gram, overwrite=True)  # a fresh array
             return cluster_layer(layer, None, codebook, scales, opts["keep_zero"], per_input, factor[0])
-        exact = np.unique(values).size <= k
+        exact = at_most_distinct(values, k)
         if per_row:
             axis = book_axis(item.node, item.index, values, item.axis)
-            codebook, labels, exact_rows = row_codebooks(values, axis, k, opts["keep_zero"])
+            codebook, labels, exact_rows = row_codebooks(values, axis, k, opts["keep_zero"], labels=not gptq)
             gptq = gptq and not exact_rows
             if gptq:
                 labels = assign(codebook, None, per_input=axis != item.axis)
@@ -412,10 +439,10 @@ class ClusterPass(Pass):
         return clustered, int(bool(gptq))
 
     @staticmethod
-    def _choose(model, items, rank_samples: list, fid, levels) -> tuple:
+    def _choose(model, items, rank_samples: list, fid, levels, proxy: bool = False) -> tuple:
         """``(levels per item, verdict or None, trials)`` holding ``fid`` (items whose
         initializer name is not unique in the model keep the first level: they could not be fed
-        apart)."""
+        apart); ``proxy``: :func:`.select.choose`'s."""
         objects = {}
         for graph in model.all_graphs():
             for tensor in graph.tensors().values():
@@ -424,7 +451,7 @@ class ClusterPass(Pass):
         chosen = [levels[0]] * len(items)
         if not main or not fid.samples:
             return chosen, None, None
-        picked, verdict, trials = choose(model.to_proto(), [items[i] for i in main], rank_samples, fid, levels)
+        picked, verdict, trials = choose(model.to_proto(), [items[i] for i in main], rank_samples, fid, levels, proxy)
         for i, level in zip(main, picked):
             chosen[i] = level
         return chosen, verdict, trials

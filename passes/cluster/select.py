@@ -34,47 +34,69 @@ step before any could reach k_high and missed the target there, so it ended with
 k_high and 17 float (0.30× the original); with prices: 0.19× (results
 ``cluster-2026-11-29-s3*.md``).
 
-All evaluations run in one ONNX Runtime session in which the candidate weights are
-*overridable initializers* (also listed as graph inputs): a configuration is a feed
-``{weight name: decoded values}``, so no model is rebuilt or re-serialised per trial. The
-judged outputs are the session's graph outputs; the tail tensors a view needs (the branches of
-a concatenated head) are the original's, which ``fid`` holds.
+All evaluations run in one ONNX Runtime session in which the candidate weights are graph
+inputs (:func:`feedable`), fed their float values — read-only maps of the weights' file for a model left on disk, which
+ORT reads in place (as overridable initializers ORT copied every one of them into the
+session) — and a configuration overrides them, ``{weight name: decoded values}``, so no model
+is rebuilt or re-serialised per trial. A configuration's decoded weights go to a scratch file
+(:class:`onnxslim_kit.streaming.ScratchArrays`: file pages, dropped after the run, not heap).
+The judged outputs are the session's graph outputs; the tail tensors a view needs (the
+branches of a concatenated head) are the original's, which ``fid`` holds.
+
+Large models: step 2's damages take one whole-model run per layer, step and sample; when those
+runs would read more than ``MEASURE_BYTES`` of weights, most of them come from a local proxy
+scaled per class of layers (:mod:`onnxslim_kit.passes.cluster.damage`), and the measured ones
+run on at most ``SAMPLE_BYTES / weight bytes`` samples (one at 2.75 GB, as int4's).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from onnxslim_kit.model import proto_graphs
-from onnxslim_kit.runtime import make_session, run
+from onnxslim_kit.runtime import give_back, make_session, run
+from onnxslim_kit.streaming import ScratchArrays, copy_fields, release_pages, tensor_array
 
+from onnxslim_kit.passes.cluster.damage import proxied as proxied_damages
+
+from onnxslim_kit.passes.cluster.maths.kmeans import at_most_distinct
 from onnxslim_kit.passes.cluster.stream import group_bytes, member_bytes
 
 FLOAT = None  # level of a layer left unclustered
 UNCHANGED = 1e-9  # 1 − cosine of equal outputs, float64 rounding
+MEASURE_BYTES = 64 << 30  # weight bytes the measured damages may read before a proxy stands in (:mod:`.damage`)
+SAMPLE_BYTES = 4 << 30  # then: weight bytes one measured damage may read (1 sample at 2.75 GB, as int4)
 ROWS = "rows"  # level of a layer with a codebook per row (k centroids each, :mod:`onnxslim_kit.passes.cluster.maths.rows`)
 
 
-def overridable(proto: onnx.ModelProto, names: list) -> onnx.ModelProto:
-    """A copy of ``proto`` whose initializers ``names`` are also graph inputs (feedable). An
-    initializer of an If/Loop/Scan body moves to the main graph first: the body reads it as an
-    outer-scope value, so weights inside control flow (silero-vad's If branches) can be fed too."""
+def feedable(proto: onnx.ModelProto, names: list) -> tuple:
+    """``(a copy of proto whose initializers names are graph inputs instead, {name: float
+    values})``: the values a read-only map of the weights' file for a weight left on disk
+    (:func:`onnxslim_kit.streaming.tensor_array`), else a copy of its bytes. An initializer of
+    an If/Loop/Scan body moves to the main graph: the body reads it as an outer-scope value,
+    so weights inside control flow (silero-vad's If branches) can be fed too."""
     out = onnx.ModelProto()
-    out.CopyFrom(proto)
+    copy_fields(proto, out, skip=("graph",))
+    copy_fields(proto.graph, out.graph, skip=("initializer",))
     out.ir_version = max(out.ir_version, 4)
-    inits = {t.name: t for t in out.graph.initializer}
-    wanted = set(names) - set(inits)
+    wanted, values = set(names), {}
     for graph in list(proto_graphs(out.graph))[1:]:  # the bodies, nested ones included
         for t in [t for t in graph.initializer if t.name in wanted]:
-            out.graph.initializer.append(t)
+            values[t.name] = tensor_array(t)
             graph.initializer.remove(t)
-            inits[t.name] = out.graph.initializer[-1]
+    for t in proto.graph.initializer:
+        if t.name in wanted:
+            values[t.name] = tensor_array(t)
+        else:
+            out.graph.initializer.append(t)
+    declared = {i.name for i in out.graph.input}
     for name in names:
-        t = inits[name]
-        out.graph.input.append(helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
-    return out
+        if name not in declared:
+            dims = list(values[name].shape)
+            dtype = onnx.helper.np_dtype_to_tensor_dtype(values[name].dtype)
+            out.graph.input.append(onnx.helper.make_tensor_value_info(name, dtype, dims))
+    return out, values
 
 
 class Trials:
@@ -83,18 +105,16 @@ class Trials:
 
     def __init__(self, proto: onnx.ModelProto, names: list, rank_samples: list, fid):
         self.names, self.rank_samples, self.fid = names, rank_samples, fid
-        self.session = make_session(overridable(proto, names), threads=1)
-        self.reference = [run(self.session, s) for s in rank_samples]  # the model before the pass
+        model, self.weights = feedable(proto, names)
+        self.session = make_session(model, threads=1)
+        del model
+        self.reference = [self._run(s, {}) for s in rank_samples]  # the model before the pass
         self.evaluations = 0
 
     def _run(self, sample: dict, values: dict) -> dict:
-        """Like :func:`onnxslim_kit.runtime.run`, plus the overridden initializers (which
-        ``session.get_inputs()`` does not list)."""
-        if not values:
-            return run(self.session, sample)
-        feed = {spec.name: sample[spec.name] for spec in self.session.get_inputs() if spec.name in sample}
-        names = [o.name for o in self.session.get_outputs()]
-        return dict(zip(names, self.session.run(names, {**feed, **values})))
+        """:func:`onnxslim_kit.runtime.run` with the weights fed: their float values, ``values``
+        where given."""
+        return run(self.session, {**sample, **self.weights, **values})
 
     def error(self, values: dict) -> float:
         """Mean relative squared error ``‖o − r‖² / ‖r‖²`` over float outputs and the rank
@@ -117,29 +137,47 @@ class Trials:
         self.evaluations += 1
         return self.fid.judge([self._run(s, values) for s in self.fid.samples])
 
+    def verdict_of(self, items: list, chosen: list):
+        """:meth:`verdict` of ``items`` at their ``chosen`` levels, decoded into a scratch file
+        (the float weights' pages, which a configuration does not read, dropped first)."""
+        for values in self.weights.values():
+            release_pages(values)
+        scratch = ScratchArrays()
+        try:
+            return self.verdict({it.name: scratch.put(it.levels[lv].decoded())
+                                 for it, lv in zip(items, chosen) if lv is not FLOAT})
+        finally:
+            scratch.close()
+            give_back()
 
-def choose(proto, items: list, rank_samples: list, fid, levels: list) -> tuple:
+
+def choose(proto, items: list, rank_samples: list, fid, levels: list, proxy: bool = False) -> tuple:
     """``(levels, verdict, trials)``: one level per item, from its ladder (:func:`ladder` over
     ``levels``, cheapest first, :data:`FLOAT` last), holding ``fid.met`` if any configuration
     does. ``items`` have ``name`` (the initializer), ``values`` and ``levels`` (``{level:
-    Clustered}``); ``rank_samples``: fit samples for the per-layer damages."""
-    trials = Trials(proto, [it.name for it in items], rank_samples, fid)
-
-    def config(chosen):
-        return {it.name: it.levels[lv].decoded() for it, lv in zip(items, chosen) if lv is not FLOAT}
-
+    Clustered}``); ``rank_samples``: fit samples for the per-layer damages; ``proxy``: the
+    damages of the items with input ``rows`` may come from the proxy of a large model
+    (:mod:`onnxslim_kit.passes.cluster.damage`)."""
     ladders = [ladder(it, levels) for it in items]
+    weight_bytes = sum(int(it.values.nbytes) for it in items)
+    runs = sum(len(steps) - 1 for steps in ladders) * len(rank_samples)
+    proxied = proxy and runs * weight_bytes > MEASURE_BYTES
+    if proxied:
+        rank_samples = rank_samples[:max(1, SAMPLE_BYTES // max(weight_bytes, 1))]
+    trials = Trials(proto, [it.name for it in items], rank_samples, fid)
     low = [steps[0] for steps in ladders]
-    verdict = trials.verdict(config(low))
+    verdict = trials.verdict_of(items, low)
     if fid.met(verdict) or not items:
         return low, verdict, trials
-    costs, damages = [], []
-    for item, steps in zip(items, ladders):
-        costs.append([_bytes(item, lv, levels[0]) for lv in steps])
-        damages.append([0.0 if lv is FLOAT else trials.error({item.name: item.levels[lv].decoded()})
-                        for lv in steps])
-        if damages[-1][0] <= UNCHANGED:  # the layer does not change the output (an If branch not taken)
-            del steps[1:], costs[-1][1:], damages[-1][1:]
+
+    def measure(item, level) -> float:
+        return trials.error({item.name: item.levels[level].decoded()})
+    costs = [[_bytes(item, lv, levels[0]) for lv in steps] for item, steps in zip(items, ladders)]
+    damages = (proxied_damages(items, ladders, measure) if proxied else
+               [[0.0 if lv is FLOAT else measure(item, lv) for lv in steps] for item, steps in zip(items, ladders)])
+    for steps, cost, damaged in zip(ladders, costs, damages):
+        if damaged[0] <= UNCHANGED:  # the layer does not change the output (an If branch not taken)
+            del steps[1:], cost[1:], damaged[1:]
     prices = _prices(costs, damages)  # every λ at which some layer changes level, ascending
 
     def at(price: float) -> list:
@@ -148,13 +186,13 @@ def choose(proto, items: list, rank_samples: list, fid, levels: list) -> tuple:
     good, bad, good_verdict = len(prices) - 1, -1, None
     while good - bad > 1:
         mid = (good + bad) // 2
-        found = trials.verdict(config(at(prices[mid])))
+        found = trials.verdict_of(items, at(prices[mid]))
         if fid.met(found):
             good, good_verdict = mid, found
         else:
             bad = mid
     chosen = at(prices[good])
-    return chosen, trials.verdict(config(chosen)) if good_verdict is None else good_verdict, trials
+    return chosen, trials.verdict_of(items, chosen) if good_verdict is None else good_verdict, trials
 
 
 def _cheapest(costs: list, damages: list, price: float) -> int:
@@ -181,7 +219,7 @@ def ladder(item, levels: list) -> list:
     many bytes as a later one (float included), then :data:`FLOAT`; a weight at the exact limit
     of the first level, or one whose first level does not save bytes, stays there."""
     low = levels[0]
-    if np.unique(item.values).size <= low or _bytes(item, low, low) >= _bytes(item, FLOAT, low):
+    if at_most_distinct(item.values, low) or _bytes(item, low, low) >= _bytes(item, FLOAT, low):
         return [low]  # exact; or not worth encoding at all (the encoder leaves it float, with that reason)
     steps, cheapest = [FLOAT], _bytes(item, FLOAT, low)
     for level in reversed(levels):

@@ -35,6 +35,14 @@ GatherElements (opset ≥ 11; Gather before) because ORT's Gather copies one ele
 exists from opset 7 on (Split takes its sizes as an attribute before opset 13, as an input
 from 13).
 
+Large streams (more than ``LEAN_ABOVE`` labels; opset ≥ 11): ORT's constant folding keeps
+every folded intermediate until the pass ends, so the chain above costs about 21 bytes per label
+at session creation — 5.4× the float weights, on top of them (the 367 MB 3-layer decoder's
+output loaded at 2.19 GB peak RSS, ``results/large-model-2026-12-03-s12-small-cluster-a1.md``).
+There the uint8 labels are split per group before the Cast, and a 2-D weight with row scales
+decodes as ``GatherElements(codebook ⊗ scales, Cast<INT32>(Reshape(labels)))`` — no float
+Reshape, no full-size Mul: about 11.5 bytes per label.
+
 Byte estimates (:func:`stream_bytes`, :func:`group_bytes`, :func:`member_bytes`,
 :func:`float_bytes`) let the pass
 decide per weight and per group whether the encoding is smaller than the float weights it
@@ -49,12 +57,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.passes.cluster.maths.encode import pack_labels
 from onnxslim_kit.passes.cluster.maths.share import as_rows, half_exact
 
 NODE_BYTES = 75  # one decoding node: op type, fresh node name, input and output names
 OUTPUT_BYTES = 24  # one more output of a Split (a fresh name)
 INIT_BYTES = 40  # an initializer's name, dims and type, without its data
+LEAN_ABOVE = 1 << 24  # labels in one stream: above, decoded with fewer folded intermediates (Coder.lean)
 
 
 def half_scales(members: list) -> bool:
@@ -120,28 +128,48 @@ def encode(model, graph, groups: list) -> list:
         if not chosen:
             continue
         flats = [_flat_labels(g) for g in chosen]
-        stream = np.concatenate(flats).astype(np.uint8)
-        pad = stream.size % 2 if bits == 4 else 0
-        if pad:
-            stream = np.concatenate([stream, np.zeros(1, np.uint8)])
+        pad = sum(f.size for f in flats) % 2 if bits == 4 else 0
+        stream = _packed_stream(flats, pad) if bits == 4 else np.concatenate(flats).astype(np.uint8)
+        sizes = [f.size for f in flats] + ([1] * pad)
+        if model.opset >= 11 and sum(sizes) > LEAN_ABOVE:
+            decoded.update(coder.lean(chosen, stream, bits, sizes))
+            continue
         if bits == 4 and model.opset >= 11:  # unpacked in uint8: a quarter of the bytes to copy at load
-            packed = coder.const("labels4", pack_labels(stream, 16)[0])
+            packed = coder.const("labels4", stream)
             lo = coder.node("Mod", [packed, coder.const("sixteen", np.array(16, np.uint8))])
             hi = coder.node("BitShift", [packed, coder.const("four", np.array(4, np.uint8))], direction="RIGHT")
             idx = coder.node("Cast", [coder.node("Concat", [lo, hi], axis=0)], to=onnx.TensorProto.INT32)
         elif bits == 4:
-            idx = coder.node("Cast", [coder.const("labels4", pack_labels(stream, 16)[0])], to=onnx.TensorProto.INT32)
+            idx = coder.node("Cast", [coder.const("labels4", stream)], to=onnx.TensorProto.INT32)
             sixteen = coder.const("sixteen", np.array(16, np.int32))
             hi = coder.node("Div", [idx, sixteen])
             lo = coder.node("Sub", [idx, coder.node("Mul", [hi, sixteen])])
             idx = coder.node("Concat", [lo, hi], axis=0)
         else:
             idx = coder.node("Cast", [coder.const("labels8", stream)], to=onnx.TensorProto.INT32)
-        sizes = [f.size for f in flats] + ([1] * pad)
         chunks = coder.split(idx, sizes, 0) if len(sizes) > 1 else [idx]
         for group, chunk in zip(chosen, chunks):
             decoded[id(group)] = coder.group(group, chunk)
     return [decoded[id(g)] for g in groups]
+
+
+def _packed_stream(flats: list, pad: int) -> np.ndarray:
+    """:func:`.maths.encode.pack_labels` of the concatenated ``flats`` (and ``pad`` zero labels),
+    written piece by piece: the concatenation itself is never built (a large model's 4-bit
+    labels are hundreds of MB)."""
+    total = sum(f.size for f in flats) + pad
+    half = total // 2
+    packed = np.zeros(half, np.uint8)
+    start = 0
+    for flat in flats:
+        end = start + flat.size
+        if start < half:
+            packed[start:min(end, half)] += flat[:min(end, half) - start].astype(np.uint8)
+        if end > half:
+            high = max(start, half)
+            packed[high - half:end - half] += (16 * flat[high - start:].astype(np.uint8)).astype(np.uint8)
+        start = end
+    return packed
 
 
 def _stacked(members: list, field: str) -> np.ndarray:
@@ -176,6 +204,47 @@ class _Coder:
         if self.model.opset < 13:
             return self.node("Split", [tensor], len(sizes), axis=axis, split=[int(s) for s in sizes])
         return self.node("Split", [tensor, self.const("sizes", np.array(sizes, np.int64))], len(sizes), axis=axis)
+
+    def lean(self, groups: list, stream: np.ndarray, bits: int, sizes: list) -> dict:
+        """A large stream's decoders, ``{id(group): tensors}``, with fewer full-size
+        intermediates for ONNX Runtime's folding (module docstring): the uint8 labels split
+        per group, then per group ``Cast<INT32>`` of its own labels — shaped like the weight
+        first for a 2-D weight of one member with row scales, which then decodes in one
+        ``GatherElements`` from the ``k × C`` table ``codebook ⊗ scales`` (built by a Mul of
+        two small tensors) along the non-channel axis; any other group as before."""
+        labels = self.const(f"labels{bits}", stream)
+        if bits == 4:
+            lo = self.node("Mod", [labels, self.const("sixteen", np.array(16, np.uint8))])
+            hi = self.node("BitShift", [labels, self.const("four", np.array(4, np.uint8))], direction="RIGHT")
+            labels = self.node("Concat", [lo, hi], axis=0)
+        chunks = self.split(labels, sizes, 0) if len(sizes) > 1 else [labels]
+        out = {}
+        for group, chunk in zip(groups, chunks):
+            first = group[0]
+            if len(group) == 1 and not first.per_channel and first.scales is not None and first.labels.ndim == 2:
+                out[id(group)] = [self.table(first, chunk)]
+            else:
+                out[id(group)] = self.group(group, self.node("Cast", [chunk], to=onnx.TensorProto.INT32))
+        return out
+
+    def table(self, member, chunk):
+        """``GatherElements(codebook ⊗ scales, labels, axis = the non-channel axis)``: ``W[i, j] =
+        s_j · book[L[i, j]]`` (axis 1 the channels; the transposed table when axis 0), the same
+        float32 products as Gather-then-Mul."""
+        axis = member.axis % 2
+        shaped = self.node("Reshape", [chunk, self.const("shape", np.array(member.labels.shape, np.int64))])
+        index = self.node("Cast", [shaped], to=onnx.TensorProto.INT32)
+        book = self.const("codebook", member.codebook)
+        if member.dtype is not None:
+            book = self.node("Cast", [book], to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(member.dtype)))
+        column = np.array([1, -1] if axis == 0 else [-1, 1], np.int64)
+        book = self.node("Reshape", [book, self.const("book", column)])
+        if half_scales([member]):
+            dtype = onnx.helper.np_dtype_to_tensor_dtype(member.scales.dtype)
+            scales = self.node("Cast", [self.const("scales16", member.scales.astype(np.float16))], to=dtype)
+        else:
+            scales = self.const("scales", member.scales)
+        return self.node("GatherElements", [self.node("Mul", [scales, book]), index], axis=1 - axis)
 
     def group(self, members: list, chunk) -> list:
         first = members[0]

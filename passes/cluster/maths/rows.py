@@ -22,33 +22,97 @@ codebooks (head MatMul 120×6625: 0.0066 → 2e-5); the model with every layer c
 cosine 0.84 → 0.93. The centroids cost ``2k`` bytes a row (k = 16: 32 bytes, +13 % on a row of
 480 labels), so the selector (:mod:`onnxslim_kit.passes.cluster.select`) offers them as a step between the shared
 codebook and ``k_high``, layer by layer, where they pay for themselves.
+
+Large weights (above ``BATCH_ABOVE`` values, no exact zeros to keep): one Lloyd over every
+row at once (:func:`batch_books`: seeded with the pooled codebook of the RMS-normalised rows
+times each row's RMS instead of k-means++ per row, at most 20 Lloyd steps): a
+Python loop of one 1-D k-means per row costs seconds per weight of thousands of rows, and
+issue 16's decoder has 145 of them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from onnxslim_kit.passes.cluster.maths.kmeans import kmeans_1d
+from onnxslim_kit.passes.cluster.maths.kmeans import at_most_distinct, kmeans_1d
 from onnxslim_kit.passes.cluster.maths.share import HALF_MAX, as_rows, from_rows
 
 CHUNK = 1 << 20  # elements × k per block of the nearest-centroid search
+BATCH_ABOVE = 1 << 20  # values: a larger weight's rows are clustered together (:func:`batch_books`)
+BATCH_ROWS = 1 << 20  # values per batch of rows
+BATCH_ITER = 20  # Lloyd steps from the pooled seeds (their error is within 1 % of 100 steps' from the start)
 
 
-def row_codebooks(weight: np.ndarray, axis: int, k: int, keep_zero: bool) -> tuple:
+def row_codebooks(weight: np.ndarray, axis: int, k: int, keep_zero: bool, labels: bool = True) -> tuple:
     """``(books (C × k), labels in the weight's shape, exact)``: ``exact`` when every row has
     at most ``k`` distinct values (books in the weight's dtype, bit for bit); else the books are
-    float16 when they fit (assignment against the rounded values)."""
+    float16 when they fit (assignment against the rounded values); ``labels=False``: None for
+    the labels unless ``exact`` (a caller that assigns them itself). Above :data:`BATCH_ABOVE`
+    values without exact zeros (or without ``keep_zero``), every row's Lloyd runs at once
+    (:func:`batch_books`)."""
     rows = as_rows(weight, axis)
-    books = np.empty((len(rows), k), weight.dtype)
+    batched = weight.size > BATCH_ABOVE and not (keep_zero and np.any(rows == 0))
+    books = batch_books(rows, k) if batched else np.empty((len(rows), k), weight.dtype)
     exact = True
     for c, row in enumerate(rows):
-        book, _ = kmeans_1d(row, k, keep_zero)
-        exact &= np.unique(row).size <= k
-        books[c] = np.concatenate([book, np.repeat(book[-1:], k - book.size)])
+        few = at_most_distinct(row, k)
+        exact &= few
+        if few or not batched:
+            book, _ = kmeans_1d(row, k, keep_zero)
+            books[c] = np.concatenate([book, np.repeat(book[-1:], k - book.size)])
     if not exact and weight.dtype != np.float16 and np.all(np.abs(books) <= HALF_MAX):
         books = books.astype(np.float16)
-    labels = nearest_rows(books, rows, keep_zero)
-    return books, from_rows(labels, weight.shape, axis), exact
+    if not (labels or exact):
+        return books, None, exact
+    return books, from_rows(nearest_rows(books, rows, keep_zero), weight.shape, axis), exact
+
+
+def batch_books(rows: np.ndarray, k: int, max_iter: int = BATCH_ITER) -> np.ndarray:
+    """``C × k`` sorted centroids, one 1-D k-means per row, all rows at once: seeded with the
+    codebook of the RMS-normalised rows pooled (:func:`.kmeans.kmeans_1d`, a sketch for a
+    large weight) times each row's RMS, then at most ``max_iter`` Lloyd steps on the rows
+    :data:`BATCH_ROWS` values at a time (:func:`_batch_lloyd`)."""
+    rms = np.sqrt(np.mean(np.square(rows, dtype=np.float64), axis=1))
+    rms[rms == 0] = 1.0
+    pooled, _ = kmeans_1d((rows / rms[:, None].astype(rows.dtype)).ravel(), k, False, labels=False)
+    pooled = np.concatenate([pooled, np.repeat(pooled[-1:], k - pooled.size)]).astype(np.float64)
+    books = np.empty((len(rows), k), rows.dtype)
+    step = max(1, BATCH_ROWS // max(rows.shape[1], 1))
+    for start in range(0, len(rows), step):
+        ordered = np.sort(rows[start:start + step].astype(np.float64), axis=1)
+        seeds = rms[start:start + step, None] * pooled[None, :]
+        books[start:start + step] = _batch_lloyd(ordered, seeds, max_iter)
+    return books
+
+
+def _batch_lloyd(ordered: np.ndarray, centroids: np.ndarray, max_iter: int) -> np.ndarray:
+    """Lloyd on every row of ``ordered`` (sorted rows) from ``centroids`` (sorted rows): the
+    cells' edges by one ``searchsorted`` over the rows laid end to end (row ``c`` shifted by
+    ``c · span``, ``span`` above any row's range), new centroids from prefix sums; a row whose
+    edges stop moving leaves."""
+    count, width = ordered.shape
+    span = 2.0 * float(np.abs(ordered).max()) + 1.0
+    shift = np.arange(count)[:, None] * span
+    flat = (ordered + shift).ravel()
+    prefix = np.concatenate([np.zeros((count, 1)), np.cumsum(ordered, axis=1)], axis=1)
+    centroids = np.array(centroids, dtype=np.float64)
+    edges = np.zeros((count, centroids.shape[1] + 1), np.int64)
+    active = np.arange(count)
+    for _ in range(max_iter):
+        mids = (centroids[active, :-1] + centroids[active, 1:]) / 2 + shift[active]
+        cuts = np.searchsorted(flat, mids.ravel()).reshape(len(active), -1) - active[:, None] * width
+        new_edges = np.concatenate([np.zeros((len(active), 1), np.int64), cuts,
+                                    np.full((len(active), 1), width)], axis=1)
+        moved = np.any(new_edges != edges[active], axis=1)
+        active, new_edges = active[moved], new_edges[moved]
+        if not len(active):
+            break
+        edges[active] = new_edges
+        sizes = np.diff(new_edges, axis=1)
+        part = prefix[active]
+        sums = np.take_along_axis(part, new_edges[:, 1:], axis=1) - np.take_along_axis(part, new_edges[:, :-1], axis=1)
+        centroids[active] = np.sort(np.where(sizes > 0, sums / np.maximum(sizes, 1), centroids[active]), axis=1)
+    return centroids
 
 
 def nearest_rows(books: np.ndarray, rows: np.ndarray, keep_zero: bool) -> np.ndarray:

@@ -77,7 +77,7 @@ def shared_codebook(parts: list, k: int, keep_zero: bool) -> np.ndarray:
         rows = as_rows(weight, axis)
         values.append((rows / scales[:, None]).ravel())
         weights.append(np.repeat(scales.astype(np.float64) ** 2, rows.shape[1]))
-    codebook, _ = kmeans_1d(np.concatenate(values), k, keep_zero, weights=np.concatenate(weights))
+    codebook, _ = kmeans_1d(np.concatenate(values), k, keep_zero, weights=np.concatenate(weights), labels=False)
     return codebook
 
 
