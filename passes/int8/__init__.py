@@ -547,7 +547,7 @@ class Int8Pass(Pass):
             unsmooth_float_path(trial.graph, plan)
             shared.strip(trial.graph)
             ranker.builds += 1
-            session = shared.session(trial.to_proto(), prepack=False)
+            session = shared.session(trial.to_proto(), prepack=False, threads=ranker.threads)
             off = {g: np.array(False) for g in every.values()}
             return {n: float(ranker.score_session(session, extra={**off, g: np.array(True)}))
                     for n, g in ctx.progress(gates.items(), desc="int8 sensitivity", total=len(gates))}

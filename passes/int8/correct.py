@@ -26,7 +26,8 @@ relative squared error left after the correction, ``1 / SQNR``, from running sum
 weight, so one layer's ``e`` does not depend on the other twins. When the ranking is not
 local (``local=False``: the fallback ranks end to end, or does not run), only the Conv / Gemm
 layers get twins: the same shifts, without a fake-quantized float copy of every MatMul weight
-(at 933 MB: 10.1 s and 1.6 GB of the pass's 15.6 s and 1.6 GB peak).
+(at 933 MB: 10.1 s and 1.6 GB of the pass's 15.6 s and 1.6 GB peak). Large samples run on every
+core (:func:`.fallback.run_threads`: the same values).
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from onnxslim_kit.passes.int8.fallback import activations, trial_copy
+from onnxslim_kit.passes.int8.fallback import activations, run_threads, trial_copy
 from onnxslim_kit.passes.int8.ranking import weight_bytes
 from onnxslim_kit.passes._quant.qdq import add_quantized_twins
 
 
 def _channel_sums(x: np.ndarray, axis: int) -> tuple:
     """(Σ x, Σ x², count) per channel along ``axis``."""
-    flat = np.moveaxis(x.astype(np.float64), axis, 0).reshape(x.shape[axis], -1)
+    flat = np.moveaxis(x.astype(np.float64, copy=False), axis, 0).reshape(x.shape[axis], -1)
     return flat.sum(axis=1), np.einsum("ij,ij->i", flat, flat), flat.shape[1]
 
 
@@ -67,7 +68,7 @@ def measure_twins(model, plan, samples: list, correct: bool = True, local: bool 
         if before_run is not None:
             before_run(trial.graph)
         names = [n for _, a, b in pairs for n in (a, b)]
-        for acts in activations(trial, names, samples, lazy=True):
+        for acts in activations(trial, names, samples, lazy=True, threads=run_threads(samples)):
             for layer, a, b in pairs:
                 y = acts.pop(a).numpy()  # made arrays pair by pair, popped: each pair's tensors go once measured
                 e = y.astype(np.float64) - acts.pop(b).numpy()

@@ -66,6 +66,16 @@ judges every sample once more, so it is not repeated — except for large inputs
 repeated after each sample (yolov8n_doclaynet at 1024², whose score sets fail on a later
 sample: a failing trial stops there instead of running all of them). A user ``metric:V`` has
 no bound and runs every sample. Only a trial that ran every sample gets a verdict.
+
+Threads: sessions run on one intra-op thread, except for large samples (more than
+``BATCH_BYTES`` of inputs, :func:`run_threads`), whose trials, twins' runs and gated ranking
+use every core — a 1024² run is one long chain of large kernels that ORT splits by output
+blocks, so the values are bitwise those of one thread (checked on yolov8n_doclaynet's float,
+static-QDQ and weights-rung models at 1, 2, 3 and 8 threads, every intermediate tensor), while
+the small models' runs are dominated by per-op overhead that more threads only add to. A
+session with more than one thread does not spin (``allow_spinning=0``): on a machine whose
+cores are busy, spinning workers took the cores the run needed (yolov8n_doclaynet at 1024²,
+2 cores under load ≈ 4: 1.61 s a calibration run spinning, 1.14 s not, 0.99 s on one thread).
 """
 
 from __future__ import annotations
@@ -96,6 +106,7 @@ from onnxslim_kit.passes._quant.smooth import is_lazy
 
 BATCH_BYTES = 1 << 20  # scoring samples up to this size (inputs) run batched ...
 BATCH_SAMPLES = 2  # ... this many at a time (MiniLM, during a run: 7 samples +40 MB, 4 +24, 2 +14; 105 → 108 runs)
+SPIN = "session.intra_op.allow_spinning"  # session config key: "0" = idle workers sleep
 BATCH_COUPLED = {"DynamicQuantizeLinear"}  # ops whose result for one sample depends on the others
 STAND_IN = "stand-in.bin"  # SharedWeights: the sparse file external stubs name
 
@@ -170,7 +181,8 @@ class SharedWeights:
         """A session of ``proto`` (exported after :meth:`strip`) on the arrays themselves.
         ``prepack=False``: ORT keeps no packed copy of the constant float MatMul weights (the
         gated ranking: MiniLM 40 MB less; the same ranking measured on MiniLM). ``threads``: ORT's
-        intra-op threads (0: its default, the machine's cores)."""
+        intra-op threads (0: its default, the machine's cores; more than one: no spinning, see
+        the module docstring)."""
         used = []
         for init in proto.graph.initializer:
             entry = self.pending.get(init.name)
@@ -182,6 +194,8 @@ class SharedWeights:
             used.append(init.name)
         given = {**{n: self.pending[n] for n in used}, **map_anchored(proto, STAND_IN)}  # + weights left on disk
         so = session_options("disable", threads, prepack)
+        if threads != 1:
+            so.add_session_config_entry(SPIN, "0")
         so.enable_cpu_mem_arena = False  # the arena keeps each run's peak for the session's life (MiniLM gated
         # ranking: +160 MB held over 47 runs); without it intermediates go back as they are freed
         if given:
@@ -193,6 +207,17 @@ class SharedWeights:
         self.pending = {}
         give_back()
         return session
+
+
+def large_samples(samples: list) -> bool:
+    """Whether the samples' inputs exceed ``BATCH_BYTES`` each (the first one's)."""
+    return bool(samples) and sum(np.asarray(v).nbytes for v in samples[0].values()) > BATCH_BYTES
+
+
+def run_threads(samples: list) -> int:
+    """Intra-op threads for runs over ``samples``: 0 (every core) when they are large, else 1
+    (module docstring)."""
+    return 0 if large_samples(samples) else 1
 
 
 def constants_first(graph) -> None:
@@ -331,7 +356,8 @@ class Scorer:
         self.builds = 0
         self.runs = 0
         self.bounded, self.pooled = self._bounds(fid)
-        self.large = self._large(self.samples)  # a run costs far more than a judgement: bound after each
+        self.large = large_samples(self.samples)  # a run costs far more than a judgement: bound after each
+        self.threads = run_threads(self.samples)
         self.batch = self._stack(self.samples[1:])
         if self.batch is not None:
             session = make_session(fid.original, threads=1, prepack=False)  # does a batch give each sample's?
@@ -377,18 +403,13 @@ class Scorer:
         return other
 
     @staticmethod
-    def _large(samples: list) -> bool:
-        """Whether the samples' inputs exceed ``BATCH_BYTES`` each (the first one's, as :meth:`_stack` reads)."""
-        return bool(samples) and sum(np.asarray(v).nbytes for v in samples[0].values()) > BATCH_BYTES
-
-    @staticmethod
     def _stack(samples: list) -> dict | None:
         """``samples`` as one batch (axis 0), when they are small (≤ ``BATCH_BYTES`` each),
         have batch size 1 and equal shapes; else None."""
         if len(samples) < 2 or any(s.keys() != samples[0].keys() for s in samples):
             return None
         first = samples[0]
-        if Scorer._large(samples) or any(
+        if large_samples(samples) or any(
                 np.ndim(v) == 0 or np.shape(v)[0] != 1 or any(np.shape(s[k]) != np.shape(v) for s in samples)
                 for k, v in first.items()):
             return None
@@ -428,8 +449,8 @@ class Scorer:
         self.builds += 1
         # DynamicQuantizeLinear takes its range over the whole tensor: a batch would change it
         batch = not any(node.op_type in BATCH_COUPLED for node in proto.graph.node)
-        session = (self.shared.session(proto, prepack=False) if self.shared is not None
-                   else make_session(proto, threads=1, prepack=False))
+        session = (self.shared.session(proto, prepack=False, threads=self.threads) if self.shared is not None
+                   else make_session(proto, threads=self.threads, prepack=False))
         try:
             return self.score_session(session, stop_above, batch=batch)
         finally:
