@@ -3,14 +3,16 @@
 The split. Without ``--eval`` the calibration samples are split deterministically: the feed (in
 its order) is cut into blocks of ``HOLD_OUT_EVERY`` (4) and one sample of each block is *held
 out* (of a last, partial block only when the position falls in it), at a position drawn for
-that block from a fixed-seed generator (``position(b) = Generator(PCG64((HOLD_OUT_SEED, b))).integers(4)``); the passes fit on the others
-and are judged — their target searched, their drift reported — on the held-out ones. A fixed
-position (the 4th of each block, as before) met every periodic feed at the same phase: a
-classifier's samples alternating upright / rotated, or four orientations in turn, were judged
-on one class only (ppocr_cls_v2's held-out samples were all rotated ones; the plan kept a
-prune that held 1−cos 7e-9 there and 0.92 on the other class). The drawn positions break any
-period while each block, so each stretch of a class-sorted feed, still gives one in four.
-:func:`held_out_of` lists them. Fewer than ``HOLD_OUT_EVERY`` samples cannot be split: they fit and judge, and the report says so. Under ``MIN_JUDGE_SAMPLES`` judged samples the report
+that block from a fixed-seed generator (``Generator(PCG64((HOLD_OUT_SEED, b))).integers(4)``);
+the passes fit on the others and are judged — their target searched, their drift reported —
+on the held-out ones. A fixed position (the 4th of each block, as before) met every periodic
+feed at the same phase: a classifier's samples alternating upright / rotated, or four
+orientations in turn, were judged on one class only (ppocr_cls_v2's held-out samples were all
+rotated ones; the plan kept a prune that held 1−cos 7e-9 there and 0.92 on the other class).
+The drawn positions break any period, while each block, so each stretch of a class-sorted
+feed, still gives one in four. :func:`held_out_of` lists them. Fewer than ``HOLD_OUT_EVERY``
+samples cannot be split: they fit and judge, and the report says so. Under
+``MIN_JUDGE_SAMPLES`` judged samples the report
 warns that a decision agreement of 0.99 cannot be told from 1.
 
 :class:`Fidelity` carries the target (:mod:`.target`), the fraction of its budget this pass

@@ -145,21 +145,26 @@ def finish(candidate: Candidate, proto, report, data: bytes) -> Candidate:
     proto's serialized bytes, which its sha256 and size are of)."""
     candidate.proto, candidate.report = proto, report
     candidate.sha256, candidate.size_bytes = sha256_bytes(data), len(data)
-    candidate.content = content_sha256(proto)
+    candidate.content = content_sha256(proto, candidate.sha256)
     candidate.met, candidate.used, candidate.binding = fidelity_of(report)
     candidate.notes = [f"{p.name}: rolled back" for p in report.passes if p.rolled_back]
     return candidate
 
 
-def content_sha256(proto) -> str:
+def content_sha256(proto, sha256: str) -> str:
     """sha256 of ``proto`` with every initializer of its main graph as raw bytes (the same
-    numbers in ``float_data`` and in ``raw_data`` hash alike); everything else as serialized."""
+    numbers in ``float_data`` and in ``raw_data`` hash alike); ``sha256`` (that of ``proto``'s
+    serialized bytes) when every initializer is raw already: no second serialization."""
     import onnx
     from onnx import numpy_helper
 
+    listed = [i for i, t in enumerate(proto.graph.initializer)
+              if not t.HasField("raw_data") and t.data_location != onnx.TensorProto.EXTERNAL]
+    if not listed:
+        return sha256
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
-    for i, tensor in enumerate(copy.graph.initializer):
-        if not tensor.HasField("raw_data") and tensor.data_location != onnx.TensorProto.EXTERNAL:
-            copy.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
-    return sha256_bytes(copy.SerializeToString(deterministic=True))
+    for i in listed:
+        tensor = copy.graph.initializer[i]
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+    return sha256_bytes(copy.SerializeToString())
