@@ -277,7 +277,7 @@ class RayExecutor:
         return finish(candidate, onnx.load_from_string(data), report, data)
 
     def bench(self, model, protos, names, samples, machine, timing) -> list:
-        """The one timing task (module docstring, step 3)."""
+        """A timing task (module docstring, step 3): the candidates' one, or a choice's confirmation."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         timing = {k: v for k, v in timing.items() if k != "progress"}
