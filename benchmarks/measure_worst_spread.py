@@ -34,8 +34,6 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -43,24 +41,20 @@ sys.path.insert(0, str(HERE.parent))
 
 import inputs  # noqa: E402
 import onnxslim_kit  # noqa: E402
+import run_suite  # noqa: E402
 from onnxslim_kit.fidelity.context import held_out_of  # noqa: E402
+from onnxslim_kit.metrics import cosine  # noqa: E402
+from onnxslim_kit.runtime import make_session  # noqa: E402
 
 UNSURE = 0.8  # the original's top probability below which a softmax decision counts as unsure
-
-
-def session(model) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def draw_figures(reference, candidate, samples: list) -> dict:
     """Worst cosine of the first output over ``samples``, and how many the original is unsure on."""
     cosines, unsure = [], 0
     for sample in samples:
-        ref = reference.run(None, sample)[0].astype(np.float64).ravel()
-        got = candidate.run(None, sample)[0].astype(np.float64).ravel()
-        cosines.append(float(ref @ got / (np.linalg.norm(ref) * np.linalg.norm(got))))
+        ref, got = reference.run(None, sample)[0], candidate.run(None, sample)[0]
+        cosines.append(cosine(ref, got))
         unsure += int(ref.max() < UNSURE)
     return {"worst": round(min(cosines), 4), "unsure": unsure, "n": len(samples)}
 
@@ -69,10 +63,9 @@ def measure(name: str, pipeline: str, n_calib: int, n_eval: int, chunks: int) ->
     data = inputs.build(name, n_calib, n_eval)
     source = str(inputs.model_path(name))
     with tempfile.TemporaryDirectory() as tmp:
-        calib = Path(tmp) / "calib.npz"
-        np.savez(calib, **{key: np.stack([s[key] for s in data.calib]) for key in data.calib[0]})
+        calib = run_suite.save_calib(data.calib, Path(tmp) / "calib.npz")
         proto, _ = onnxslim_kit.optimize(source, pipeline, calib=str(calib))
-    reference, candidate = session(source), session(proto.SerializeToString())
+    reference, candidate = (make_session(model, opt_level="all", threads=1) for model in (source, proto))
     row = {"model": name, "pipeline": pipeline,
            "held_out": draw_figures(reference, candidate, held_out_of(data.calib)),
            "eval_seed0": draw_figures(reference, candidate, data.eval), "calib_draws": [], "eval_draws": []}
