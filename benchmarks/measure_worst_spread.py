@@ -14,6 +14,8 @@ Per model and pipeline: the pipeline is written once with ``--calib`` samples of
 against the original's (plain ORT, CPU, 1 thread) is taken on
 
 * the held-out calibration samples (:func:`onnxslim_kit.fidelity.context.held_out_of`),
+* the spare fit samples: the fit samples after the first 16 (prune's default ``samples=``, the
+  ones its re-fit uses), up to 64 — what prune's search also judges its candidates on,
 * the evaluation stream of seed 0 (what ``measure_fidelity.py`` benches),
 * ``--chunks`` fresh draws of the *calibration* stream (seeds 1…) and of the evaluation stream
   (seeds 1…), ``--eval`` samples each: draws "the same way" as the held-out and the bench's.
@@ -42,10 +44,13 @@ sys.path.insert(0, str(HERE.parent))
 import inputs  # noqa: E402
 import onnxslim_kit  # noqa: E402
 import run_suite  # noqa: E402
-from onnxslim_kit.fidelity.context import held_out_of  # noqa: E402
+from onnxslim_kit.fidelity.context import held_out, held_out_of  # noqa: E402
+from onnxslim_kit.passes.prune import PrunePass  # noqa: E402
+from onnxslim_kit.passes.prune.judged import SPARE_SAMPLES  # noqa: E402
 from onnxslim_kit.metrics import cosine  # noqa: E402
 from onnxslim_kit.runtime import make_session  # noqa: E402
 
+REFIT_SAMPLES = PrunePass.options["samples"].default
 UNSURE = 0.8  # the original's top probability below which a softmax decision counts as unsure
 
 
@@ -59,6 +64,12 @@ def draw_figures(reference, candidate, samples: list) -> dict:
     return {"worst": round(min(cosines), 4), "unsure": unsure, "n": len(samples)}
 
 
+def spare_fit_samples(calib: list) -> list:
+    """The fit samples prune's re-fit does not use and its search judges (module docstring)."""
+    fit = [sample for i, sample in enumerate(calib) if not held_out(i)]
+    return fit[REFIT_SAMPLES:REFIT_SAMPLES + SPARE_SAMPLES]
+
+
 def measure(name: str, pipeline: str, n_calib: int, n_eval: int, chunks: int) -> dict:
     data = inputs.build(name, n_calib, n_eval)
     source = str(inputs.model_path(name))
@@ -68,6 +79,7 @@ def measure(name: str, pipeline: str, n_calib: int, n_eval: int, chunks: int) ->
     reference, candidate = (make_session(model, opt_level="all", threads=1) for model in (source, proto))
     row = {"model": name, "pipeline": pipeline,
            "held_out": draw_figures(reference, candidate, held_out_of(data.calib)),
+           "spare": draw_figures(reference, candidate, spare_fit_samples(data.calib)),
            "eval_seed0": draw_figures(reference, candidate, data.eval), "calib_draws": [], "eval_draws": []}
     for seed in range(1, chunks + 1):
         fresh = inputs.build(name, n_eval, n_eval, seed=seed)
@@ -89,10 +101,10 @@ def markdown(rows: list, command: str, started: str) -> str:
              f"the draw's inputs on which the original's top probability is < {UNSURE}. Fresh draws: "
              "seeds 1… of `inputs.py`'s calibration and evaluation streams, as many samples as the "
              "bench's evaluation set. Spread: max − min over the fresh draws.", "",
-             "| model | pipeline | held-out | eval (seed 0) | fresh calibration draws | fresh evaluation draws | spread |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | pipeline | held-out | spare fit | eval (seed 0) | fresh calibration draws | fresh evaluation draws | spread |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | `{r['pipeline']}` | {cells([r['held_out']])} | {cells([r['eval_seed0']])} | "
+        lines.append(f"| {r['model']} | `{r['pipeline']}` | {cells([r['held_out']])} | {cells([r['spare']])} | {cells([r['eval_seed0']])} | "
                      f"{cells(r['calib_draws'])} | {cells(r['eval_draws'])} | {r['spread']:.4f} |")
     return "\n".join(lines) + "\n"
 

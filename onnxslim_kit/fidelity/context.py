@@ -186,6 +186,18 @@ class Fidelity:
             return replace(self, target=Target.parse(override), allowed=1.0, own_target=True)
         return replace(self, allowed=share(used, remaining), own_target=False)
 
+    def widened(self, extra: list, what: str) -> Fidelity:
+        """This fidelity judged on :attr:`samples` and ``extra`` too (the original's outputs on
+        ``extra`` computed here, once): more samples for a pass's own search to be held to, so
+        that what it keeps is not chosen by a tail the judged samples happen to miss. ``what``
+        names the extra samples in :attr:`judged_on`."""
+        if not extra or self.original is None:
+            return self
+        reference, runtime = reference_outputs(self.original, extra, self.views)
+        both = None if self.runtime is None else self.runtime + runtime
+        return replace(self, samples=self.samples + list(extra), _reference=self.reference + reference,
+                       _runtime=both, judged_on=f"samples: {len(self.samples)} {self.judged_on or 'samples'} and {len(extra)} {what}")
+
     def describe(self) -> str:
         if self.target.metric == "none":
             return "target none"

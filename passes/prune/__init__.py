@@ -8,9 +8,9 @@ Modes (chosen by the options):
   contribution moves into the consumers' biases (:mod:`onnxslim_kit.passes.prune.strip`,
   :mod:`onnxslim_kit.passes.prune.apply`). Strip always runs first, in every mode.
 * no options — strip, then **as much compute as the fidelity budget allows** (issue 18): the
-  amount ``r`` of ``prune(ratio=r)`` below is searched by bisection (at most 6 judged candidates,
-  each cut and re-fitted on the fit samples, judged per output view on the held-out samples
-  against the original, :mod:`onnxslim_kit.passes.prune.search`), and the largest that holds
+  amount ``r`` of ``prune(ratio=r)`` below is searched by bisection (at most 6 judged candidates and a back-off's,
+  each cut and re-fitted on the fit samples, judged per output view against the original on the
+  held-out samples and, where it holds there, on up to 64 fit samples the re-fit did not use, :mod:`onnxslim_kit.passes.prune.search`), and the largest that holds
   ``ctx.fidelity`` (the pipeline's ``--target`` share, or the pass's own ``target=``: ``cos:V``,
   ``top1:V``, ``rel:V``, a bare number = ``cos:V``) is kept. The pipeline's ``--target none``
   means no search. Reported: ``ratio_reached`` (the share of the prunable compute removed),
@@ -213,6 +213,8 @@ class PrunePass(Pass):
         "sparsity": Option(float, 0.0, "unstructured magnitude sparsity of Conv/Gemm/MatMul weights"),
         "nm": Option(str, "", "N:M sparsity, e.g. 2:4"),
         "explain": Option(bool, False, "describe every dependency group in the notes"),
+        "backoff": Option(float, 0.2, "without ratio=: keep (1 − backoff) of the largest amount that held the "
+                          "target (an input a little harder than the judged ones fails at a smaller amount)"),
         "samples": Option(int, 16, "calibration samples used for importance and re-fit"),
         "seed": Option(int, 0, "seed of the random criterion and of position sampling"),
         "exclude": Option(str, "", "nodes whose output channels are kept (selector: NAME; re:REGEX; op:TYPE; "
@@ -229,8 +231,8 @@ class PrunePass(Pass):
         result = PassResult()
         opts = ctx.options
         nm = parse_nm(opts["nm"])
-        if not 0 <= opts["ratio"] < 1 or not 0 <= opts["sparsity"] < 1:
-            raise UserError("prune: ratio and sparsity must be in [0, 1)")
+        if not all(0 <= opts[key] < 1 for key in ("ratio", "sparsity", "backoff")):
+            raise UserError("prune: ratio, sparsity and backoff must be in [0, 1)")
         keep = excluded_names(model, ctx)
         result.metrics["params_before"] = _param_count(model)
         for sub in list(model.all_graphs())[1:]:

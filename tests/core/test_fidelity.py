@@ -209,6 +209,22 @@ def test_fidelity_computes_the_reference_with_the_tail_tensors():
     assert own.target == Target.parse("top1:0.9") and own.allowed == 1.0
 
 
+def test_widened_fidelity_sees_a_failure_the_judged_samples_miss():
+    rng = np.random.default_rng(3)
+    samples = [{"reg": rng.normal(size=(1, 4, 16)).astype(np.float32),
+                "logit": rng.normal(size=(1, 3, 16)).astype(np.float32)} for _ in range(4)]
+    fid = Fidelity.build(_model(YOLO), "cos:0.99", samples[:2], "held-out samples")
+    wide = fid.widened(samples[2:], "spare samples")
+    assert len(wide.samples) == 4 and len(wide.reference) == 4 and len(wide.runtime) == 4
+    assert wide.judged_on == "samples: 2 held-out samples and 2 spare samples"
+    assert fid.widened([], "spare samples") is fid and len(fid.samples) == 2  # the original is left alone
+    candidate = [dict(r) for r in wide.reference]
+    candidate[3] = {"out": candidate[3]["out"] * np.array([1, 1, 1, 1, -1, 1, 1], np.float32)}  # one score flips
+    assert fid.met(fid.judge(candidate[:2]))
+    verdict = wide.judge(candidate)
+    assert not wide.met(verdict) and verdict.samples == 4 and "out[scores]" in verdict.binding
+
+
 def test_pass_hook_writes_every_off_spelling_as_none():
     from onnxslim_kit.fidelity import check_target
 

@@ -140,7 +140,7 @@ def test_ppocr_cls_bare_prune_removes_what_the_target_allows():
     out, report = onnxslim_kit.optimize(proto, "fuse,prune", calib=calib)
     entry = report.passes[-1]
     onnx.checker.check_model(out, full_check=True)
-    assert 1 <= len(entry.metrics["search"]) <= 6
+    assert 1 <= len(entry.metrics["search"]) <= 6 + 1  # MAX_TRIALS and the back-off's
     assert 0 < entry.metrics["ratio_reached"] < 1 and entry.rewrites["prune channel"] > 0
     assert entry.metrics["budget_used"] <= entry.metrics["budget_allowed"] == 1.0
     assert report.after["params"] < report.passes[0].after["params"]

@@ -97,7 +97,7 @@ def searched():
 def test_search_keeps_the_scores_view_the_whole_output_cosine_would_lose(searched):
     out, entry = searched
     trials = entry.metrics["search"]
-    assert 1 <= len(trials) <= MAX_TRIALS
+    assert 1 <= len(trials) <= MAX_TRIALS + 1  # and the back-off's
     assert 0 < entry.metrics["ratio_reached"] < 1 and entry.rewrites["prune channel"] > 0
     assert entry.metrics["target"] == "cos:0.99" and entry.metrics["budget_used"] <= entry.metrics["budget_allowed"]
     kept = drift(out)
@@ -116,7 +116,10 @@ def test_search_keeps_the_scores_view_the_whole_output_cosine_would_lose(searche
 def test_report_names_the_binding_view_and_the_judged_samples(searched):
     _, entry = searched
     (note,) = [n for n in entry.notes if n.startswith("fidelity holds")]
-    assert "binds" in note and "out[" in note and "8 held-out calibration samples" in note
+    assert "binds" in note and "out[" in note
+    # the search's candidates: the 8 held-out samples and the 8 fit samples the re-fit (16) did not use
+    assert "judged on 16 samples: 8 held-out calibration samples" in note
+    assert "and 8 fit samples the re-fit did not use" in note and entry.metrics["search_samples"] == 16
     views = {v["view"]: v for v in entry.metrics["views"]}
     assert set(views) == {"out[values]", "out[scores]"}
     assert views["out[scores]"]["agreement"] >= 0.99
@@ -162,3 +165,24 @@ def test_bad_target_is_one_line(text):
 
 def test_sensitivity_measures_each_branch_of_a_concatenated_head():
     assert measured_tensors(MODEL) == ["box", "cls_flat"]  # the boxes, and the scores' logits
+
+
+def test_the_search_backs_off_from_the_largest_amount_that_held(searched):
+    assert "backoff_from" not in searched[1].metrics  # 0.8 r selects the same blocks of 16: no back-off
+    _, entry = run("prune(multiple=4)")
+    found = entry.metrics["backoff_from"]
+    last = entry.metrics["search"][-1]  # the back-off's candidate, judged last
+    assert last[0] == pytest.approx(0.8 * found, abs=1e-4) and last[3]
+    assert entry.metrics["ratio_reached"] == last[1]
+    assert any(n.startswith(f"backed off from r={found:.3g}") for n in entry.notes)
+    _, eager = run("prune(multiple=4,backoff=0)")
+    assert "backoff_from" not in eager.metrics
+    assert eager.metrics["ratio_reached"] > entry.metrics["ratio_reached"]
+    assert max(t[0] for t in eager.metrics["search"] if t[3]) == pytest.approx(found)  # the same search
+
+
+@pytest.mark.parametrize("value", ["1", "-0.1"])
+def test_backoff_out_of_range_is_one_line(value):
+    with pytest.raises(UserError) as info:
+        onnxslim_kit.optimize(MODEL, f"prune(backoff={value})", calib=CALIB)
+    assert "\n" not in str(info.value) and "backoff" in str(info.value)
