@@ -227,7 +227,7 @@ def reference_margins(views: Views, reference: list, runtime: list | None) -> di
                 continue
             winners = np.argmax(rows, axis=1)
             counted = rows[_foreground(winners, winners)]
-            found.append(margins_and_shifts(counted, counted)[0])
+            found.append(margins_and_shifts(counted, counted, view.logits)[0])
         if found:
             pool[view.name] = np.concatenate(found)
     return pool
@@ -312,7 +312,7 @@ def _decisions(view: View, ref: np.ndarray, got: np.ndarray, labels: dict | None
         return int(np.sum(a[keep] == b[keep])), int(keep.sum()), none, none
     a, b = np.argmax(ref_rows, axis=1), np.argmax(got_rows, axis=1)
     keep = _foreground(a, b)
-    margin, shift = margins_and_shifts(ref_rows[keep], got_rows[keep])
+    margin, shift = margins_and_shifts(ref_rows[keep], got_rows[keep], view.logits)
     return int(np.sum(a[keep] == b[keep])), int(keep.sum()), margin, shift
 
 

@@ -33,6 +33,9 @@ counts in full). Measured: ORT ``quantize_static``'s uint8 output of ppocr_cls_v
 runner-up as 0; read through the floor, each of 16 shifts was 43–59 nats and the estimate 0,
 while all 16 decisions agreed at probability cosine 1.0000.
 
+A ``logits`` view (:mod:`.views`: an output named ``logits``, the classifier's scores before
+any Softmax) gives ℓ as it is: a difference of logits is the same log-odds.
+
 Rows of a softmax over a single class have no margin and are left out; so are ``scores``
 views (sigmoid maps: counted by their thresholded sets only).
 """
@@ -53,18 +56,24 @@ def log_probs(values: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(values, LOG_FLOOR))
 
 
-def margins_and_shifts(ref_rows: np.ndarray, got_rows: np.ndarray) -> tuple:
-    """``(m, d)`` per row of ``[rows, classes]`` probability arrays (see the module docstring)."""
+def margins_and_shifts(ref_rows: np.ndarray, got_rows: np.ndarray, logits: bool = False) -> tuple:
+    """``(m, d)`` per row of ``[rows, classes]`` probability arrays (see the module docstring);
+    ``logits``: the rows are a classifier's raw logits, whose differences are the log-odds as
+    they are (no floor, no unreadable zero)."""
     if ref_rows.ndim != 2 or ref_rows.shape[1] < 2 or ref_rows.shape[0] == 0:
         return np.zeros(0), np.zeros(0)
-    ref, got = log_probs(ref_rows), log_probs(got_rows)
+    if logits:
+        ref, got = np.asarray(ref_rows, np.float64), np.asarray(got_rows, np.float64)
+    else:
+        ref, got = log_probs(ref_rows), log_probs(got_rows)
     order = np.argsort(-ref, axis=1, kind="stable")
     top, runner = order[:, 0], order[:, 1]
     rows = np.arange(ref.shape[0])
     margin = ref[rows, top] - ref[rows, runner]
     moved = got[rows, top] - got[rows, runner]
     shift = np.abs(margin - moved)
-    unread = (np.asarray(ref_rows)[rows, runner] == 0) | (np.asarray(got_rows)[rows, runner] == 0)
+    unread = np.zeros(len(rows), bool) if logits else (
+        (np.asarray(ref_rows)[rows, runner] == 0) | (np.asarray(got_rows)[rows, runner] == 0))
     shift[unread] = np.abs(ref[rows, top] - got[rows, top])[unread]  # a zero runner-up: the top's move
     finite = np.isfinite(margin) & np.isfinite(shift)
     return margin[finite], shift[finite]

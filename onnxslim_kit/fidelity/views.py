@@ -14,6 +14,11 @@ lose their detections while the output's cosine reads 0.9995. The views:
 2. **decisions** — beside the cosine of a ``scores`` part, the set of its elements above
    :data:`SCORE_THRESHOLD` (a detector's confidence cut); of a ``probs`` part (``Softmax``),
    the arg-max over the softmax axis, for every position of the other axes.
+   An output *named* ``logits`` (or ``…logits``: :func:`names_logits`; Hugging Face's exports
+   of classification, token-classification, question-answering, CTC and language-model heads,
+   with no Softmax or Sigmoid behind it) is a ``probs`` view of raw logits: the arg-max over its last
+   axis, per position of the others (masked like a leaf), margins read from the logits as they
+   are. Without it a classifier exported without its Softmax was judged by its cosine alone.
 3. **exact** — integer and boolean outputs (``ArgMax``, ``TopK`` indices, masks) must agree
    element by element.
 4. **padding masked** — an output whose first two axes are a graph input's that is an integer
@@ -69,6 +74,7 @@ class View:
     branch: str | None = None
     axis: int | None = None  # probs without a tail: the softmax axis of the output itself
     mask: str | None = None  # the [batch, sequence] mask input whose marked positions are judged
+    logits: bool = False  # probs: raw logits (named so), arg-max over the last axis, margins as they are
 
     @property
     def name(self) -> str:
@@ -144,6 +150,10 @@ def find_views(proto: onnx.ModelProto) -> Views:
         if _integer_type(elem):
             views.append(View(out.name, "exact", mask=mask))
             continue
+        logits = _logits_view(out, producers, constants, mask)
+        if logits is not None:
+            views.append(logits)
+            continue
         tail = _tail(out.name, producers, constants, opset)
         kinds = list(dict.fromkeys(kind for _, kind, _, _ in tail.leaves))
         if not tail.nodes:  # the output is a leaf itself
@@ -160,6 +170,22 @@ def find_views(proto: onnx.ModelProto) -> Views:
         if len(kinds) > 1 or kinds[0] == "probs":  # labels needed: branches, or softmax rows
             tails[out.name] = tail
     return Views(views, tails, constants)
+
+
+def names_logits(name: str) -> bool:
+    """Whether an output's name says it holds a classifier's raw logits: ``logits``, or ending
+    so (``start_logits``, ``end_logits``), any case — the names Hugging Face exports give every
+    classification, token-classification, question-answering, CTC and language-model head."""
+    return name.lower().endswith("logits")
+
+
+def _logits_view(out, producers: dict, constants: dict, mask: str | None) -> View | None:
+    """The raw-logits view of an output :func:`names_logits` names (no Softmax or Sigmoid
+    behind it, rank ≥ 1), else None; masked only when the classes are a third axis or later."""
+    rank = len(out.type.tensor_type.shape.dim) if out.type.tensor_type.HasField("shape") else 0
+    if not names_logits(out.name) or rank < 1 or _leaf_kind(out.name, producers, constants) != "values":
+        return None
+    return View(out.name, "probs", axis=-1, mask=mask if rank >= 3 else None, logits=True)
 
 
 def _dim_key(dim):

@@ -230,3 +230,41 @@ def test_pass_hook_writes_every_off_spelling_as_none():
 
     assert [check_target(t, "p(target=...)") for t in ("off", "0", " 0.0 ", "NONE", "", "cos:0.99", "0.995")] == [
         "none", "none", "none", "none", "", "cos:0.99", "0.995"]
+
+
+LOGITS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4, 8] x) => (float[4, 3] logits, float[4, 3] features) {
+    w = Constant <value = float[8, 3] {1,0,0, 0,1,0, 0,0,1, 1,1,0, 0,1,1, 1,0,1, 0,0,0, 1,1,1}> ()
+    logits = MatMul(x, w)
+    features = MatMul(x, w)
+}
+"""
+
+
+@pytest.mark.parametrize("name, expected", [("logits", True), ("start_logits", True), ("END_LOGITS", True),
+                                            ("logit_scale", False), ("features", False)])
+def test_an_output_named_logits_is_a_decision(name, expected):
+    from onnxslim_kit.fidelity.views import names_logits
+
+    assert names_logits(name) is expected
+
+
+def test_raw_logits_are_judged_by_their_arg_max_and_their_margins():
+    views = {v.output: v for v in find_views(_model(LOGITS))}
+    assert views["logits"].kind == "probs" and views["logits"].logits and views["logits"].axis == -1
+    assert views["features"].kind == "values" and not views["features"].logits
+    behind_softmax = find_views(_model(LOGITS.replace("logits = MatMul(x, w)", "z = MatMul(x, w)\n    logits = Softmax(z)")))
+    assert [(v.kind, v.logits) for v in behind_softmax if v.output == "logits"] == [("probs", False)]
+    reference = [{"logits": np.array([[5.0, 4.9, 1.0], [3.0, 0.0, 0.0], [0.0, 2.0, 9.0], [1.0, 7.0, 2.0]],
+                                     np.float32)}]
+    reference[0]["features"] = reference[0]["logits"]
+    candidate = [{"logits": reference[0]["logits"] + np.array([[-0.2, 0.0, 0.0]] + [[0.0] * 3] * 3, np.float32),
+                  "features": reference[0]["logits"]}]
+    fid = Fidelity.build(_model(LOGITS), "cos:0.99", [{}], reference=reference)
+    verdict = fid.judge(candidate)
+    (score,) = [s for s in verdict.scores if s.view == "logits"]
+    assert score.cosine > 0.999 and score.observed == pytest.approx(0.75)  # one row of four flipped
+    # margins of the logits as they are: 5.0 − 4.9, not log 5.0 − log 4.9
+    assert score.min_margin == pytest.approx(0.1, abs=1e-5) and score.margin_shift == pytest.approx(0.2, abs=1e-5)
+    assert not fid.met(verdict) and "logits agreement" in verdict.binding
