@@ -17,6 +17,9 @@ ppocrv4_det    rendered page 480×640, BGR, (x/255−0.5)/0.5, NCHW (sides multi
 ppocrv4_rec    rendered text line → height 48, width ≤ 320 by aspect, zero-padded to 320,
                BGR, (x/255−0.5)/0.5; label = the rendered string (charset: model metadata)
 ppocr_cls_v2   text line → 3×48×192 the same way; label 0 (upright) / 1 (rotated 180°)
+ddddocr        (outside the default suite) a line of 4–8 characters → grayscale, height 64,
+               width by aspect, (x/255−0.5)/0.5, edge-padded to 448; label = the string
+               (charset: the 8210-entry table in ddddocr 1.5.6's ``__init__.py``)
 orientation    rendered page rotated k·90° clockwise, short side → 256 (Lanczos), centre
                crop 224, BGR, ImageNet mean/std; label k (classes "0 90 180 270"; clockwise is
                the model's convention: it calls a page turned 90° counter-clockwise "270")
@@ -65,6 +68,7 @@ MODELS = ["ppocrv4_det", "ppocrv4_rec", "ppocr_cls_v2", "orientation", "silero_v
 DET_SIZE = (480, 640)  # H, W
 REC_SHAPE = (48, 320)
 CLS_SHAPE = (48, 192)
+DDDDOCR_WIDTH = 448  # the widest 64-high line of 4–8 characters rendered here is ~425
 VAD_CHUNK, VAD_CONTEXT, VAD_RATE = 512, 64, 16000
 PNET_SIZE = (120, 160)  # H, W of the scene
 MINILM_LENGTH = 32
@@ -145,6 +149,34 @@ def charset(path: Path) -> list:
     return ["blank", *meta["character"].splitlines(), " "]
 
 
+def ddddocr_charset(classes: int = 8210) -> list:
+    """ddddocr 1.5.6's character table for ``common.onnx``: the list literal of ``classes``
+    entries assigned to its ``__charset`` in the block of the wheel's ``__init__.py`` that loads
+    ``common.onnx`` (``common_old.onnx`` has another table of the same length; read with
+    ``ast``, never executed; cached as JSON beside the zoo's models). Index 0 is the blank."""
+    import ast
+    import json
+
+    from onnxslim_kit.zoo import default_cache_dir, package_member
+
+    cache = default_cache_dir() / f"ddddocr_charset_{classes}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text(encoding="utf-8"))
+    tree = ast.parse(package_member("ddddocr", "ddddocr/__init__.py").decode("utf-8"))
+    found = []  # the table assigned in the block that points the session at common.onnx
+    for node in ast.walk(tree):
+        for block in (getattr(node, "body", None), getattr(node, "orelse", None)):
+            if isinstance(block, list) and any("'common.onnx'" in ast.unparse(st) for st in block):
+                found += [st.value for st in block if isinstance(st, ast.Assign)
+                          and isinstance(st.value, ast.List) and len(st.value.elts) == classes]
+    if len(found) != 1:
+        raise ValueError(f"ddddocr/__init__.py: {len(found)} tables of {classes} entries beside common.onnx")
+    table = [ast.literal_eval(e) for e in found[0].elts]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
+    return table
+
+
 # --- per-model builders ---------------------------------------------------------------------
 
 def _det(name, path, split, n, seed):
@@ -172,6 +204,23 @@ def _lines(name, split, n, seed, shape, flip):
 
 def _rec(name, path, split, n, seed):
     return _lines(name, split, n, seed, REC_SHAPE, flip=False)
+
+
+def _ddddocr(name, path, split, n, seed):
+    """Short rendered lines as ddddocr reads them: grayscale, height 64, width by aspect
+    (Lanczos, its ``ANTIALIAS``), x/255, (x − 0.5)/0.5; edge-padded to ``DDDDOCR_WIDTH`` so the
+    samples stack. Label: the rendered string."""
+    rng, words = rng_for(name, split, seed), _words(split)
+    samples, labels = [], []
+    for _ in range(n):
+        text = render.text_snippet(rng, words, max_chars=int(rng.integers(4, 9)))
+        img = Image.fromarray(render.text_line(rng, text))
+        width = min(DDDDOCR_WIDTH, round(img.width * 64 / img.height))
+        gray = np.asarray(img.resize((width, 64), Image.LANCZOS).convert("L"), np.float32) / 255.0
+        gray = np.pad(gray, ((0, 0), (0, DDDDOCR_WIDTH - width)), mode="edge")
+        samples.append({"input1": ((gray - 0.5) / 0.5)[None, None].astype(np.float32)})
+        labels.append(text)
+    return samples, labels
 
 
 def _cls(name, path, split, n, seed):
@@ -449,7 +498,7 @@ def picodet_tensor(rgb: np.ndarray) -> np.ndarray:
 
 BUILDERS = {"ppocrv4_det": _det, "ppocrv4_rec": _rec, "ppocr_cls_v2": _cls, "orientation": _orientation,
             "silero_vad": _vad, "mtcnn_pnet": _pnet, "mtcnn_onet": _onet, "minilm_l6": _minilm,
-            "yolov8n_coco": _photos, "yolov8n_doclaynet": _pages, "picodet_layout": _pages}
+            "yolov8n_coco": _photos, "yolov8n_doclaynet": _pages, "picodet_layout": _pages, "ddddocr": _ddddocr}
 
 
 def _metric(name: str, path: Path, labels):
@@ -457,6 +506,8 @@ def _metric(name: str, path: Path, labels):
         return tasks.map_metric("sigmoid_0.tmp_0", 0, 0.3, lambda a: a[0, 0], boxes=labels)
     if name == "ppocrv4_rec":
         return tasks.recognition_metric(labels, charset(path), "softmax_11.tmp_0")
+    if name == "ddddocr":  # its own decoding: arg-max per step of [T, 1, C], repeats merged, blank 0 dropped
+        return tasks.recognition_metric(labels, ddddocr_charset(), "387", time_major=True)
     if name == "ppocr_cls_v2":
         return tasks.classification_metric(labels, "save_infer_model/scale_0.tmp_1", task="0/180 accuracy")
     if name == "orientation":

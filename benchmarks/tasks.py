@@ -76,10 +76,14 @@ def char_accuracy(pred: str, truth: str) -> float:
     return max(0.0, 1.0 - edit_distance(pred, truth) / max(1, len(truth)))
 
 
-def recognition_metric(labels: list, charset: list, name: str, index: int = 0):
-    """Exact string accuracy (CTC-decoded vs the rendered string) and character accuracy."""
+def recognition_metric(labels: list, charset: list, name: str, index: int = 0, time_major: bool = False):
+    """Exact string accuracy (CTC-decoded vs the rendered string) and character accuracy;
+    ``time_major``: the output is ``[T, N, C]`` (ddddocr), not ``[N, T, C]``."""
     def texts(outputs):
-        return [t for o in outputs for t in ctc_decode(output(o, name, index), charset)]
+        def lines(o):
+            values = output(o, name, index)
+            return np.swapaxes(values, 0, 1) if time_major else values
+        return [t for o in outputs for t in ctc_decode(lines(o), charset)]
 
     def extra(got):
         return {"char_accuracy": _mean(char_accuracy(p, t) for p, t in zip(got, labels))}

@@ -177,6 +177,21 @@ def _download(requirement: str, sdist: bool, dest: Path) -> Path:
     return found[0]
 
 
+def package_member(name: str, member: str) -> bytes:
+    """The bytes of another file ``member`` of zoo model ``name``'s pinned distribution (a
+    package's own post-processing data: ddddocr's character table lives in its
+    ``__init__.py``); downloaded each call — callers cache what they derive from it."""
+    model = _lookup(name)
+    with tempfile.TemporaryDirectory(prefix="onnxslim_kit_zoo_") as tmp:
+        archive = _download(model.requirement, model.sdist, Path(tmp))
+        with _open_archive(archive) as open_member:
+            src = open_member(member)
+            if src is None:
+                raise ZooError(f"{name}: {member!r} not found in {archive.name}")
+            with src:
+                return src.read()
+
+
 def _lookup(name: str) -> ZooModel:
     try:
         return MODELS[name]

