@@ -7,7 +7,8 @@ the target's loss budget the worst bound view takes, the target holds for this p
 ``used ≤ fid.allowed``.
 
 A search (:mod:`onnxslim_kit.passes.prune.search`) holds its candidates to more samples:
-those and up to ``SPARE_SAMPLES`` (64) fit samples the re-fit did not use (``samples=`` of them
+those and up to ``SPARE_SAMPLES`` (64; fewer where the original's outputs on them would pass
+``SPARE_BYTES``, 256 MB) fit samples the re-fit did not use (``samples=`` of them
 fit it) — :func:`judge_in_stages`. On orientation, ``prune(ratio=0.675)`` held cosine 0.9998 on
 the 32 held-out samples and gave 0.07–0.25 on 4 of 8 fresh 32-sample draws; the 64 spare
 fit samples showed it (worst cosine 0.66) — a failure on about one input in 50 that 32 judged
@@ -23,11 +24,14 @@ binding view and the samples.
 
 from __future__ import annotations
 
+import numpy as np
+
 from onnxslim_kit.api import make_session, run
 
 from onnxslim_kit.passes.prune.held import release
 
 SPARE_SAMPLES = 64
+SPARE_BYTES = 256 << 20
 
 
 def model_outputs(model, samples: list) -> list:
@@ -50,9 +54,13 @@ def judge_model(model, fid):
     return fid.judge(model_outputs(model, fid.samples))
 
 
-def spare_samples(ctx, used: int) -> list:
-    """Up to ``SPARE_SAMPLES`` fit samples after the first ``used`` (the ones the pass fitted)."""
-    return ctx.feed.take(used + SPARE_SAMPLES)[used:]
+def spare_samples(ctx, used: int, fid) -> list:
+    """Up to ``SPARE_SAMPLES`` fit samples after the first ``used`` (the ones the pass fitted),
+    fewer where the original's outputs on them would pass ``SPARE_BYTES`` (a language model's
+    logits: 25 MB a sample at 128 tokens × 50k classes)."""
+    per_sample = sum(np.asarray(v).nbytes for v in fid.reference[0].values()) if fid.reference else 0
+    count = min(SPARE_SAMPLES, SPARE_BYTES // max(per_sample, 1))
+    return ctx.feed.take(used + count)[used:] if count else []
 
 
 def judge_in_stages(model, fid, wide):

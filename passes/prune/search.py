@@ -101,7 +101,7 @@ def prune_to_target(model, ctx, result, analyse_model) -> None:
     if sensitivity_applies(opts):
         plan.curves = Curves(cg, plan.teacher, plan.stats, plan.samples, plan.importance, plan.cost_model, cap,
                              opts["min_channels"], plan.multiple, result, ctx.progress)
-    wide = fid.widened(spare_samples(ctx, len(plan.samples)), "fit samples the re-fit did not use")
+    wide = fid.widened(spare_samples(ctx, len(plan.samples), fid), "fit samples the re-fit did not use")
     prepared = time.perf_counter() - start
     best, trials = bisect(model, ctx, cg, plan, fid, wide, analyse_model)
     found = best

@@ -186,3 +186,18 @@ def test_backoff_out_of_range_is_one_line(value):
     with pytest.raises(UserError) as info:
         onnxslim_kit.optimize(MODEL, f"prune(backoff={value})", calib=CALIB)
     assert "\n" not in str(info.value) and "backoff" in str(info.value)
+
+
+def test_spare_samples_stop_where_the_references_would_grow_too_large(monkeypatch):
+    from types import SimpleNamespace
+
+    from onnxslim_kit.passes.prune import judged
+
+    feed = SimpleNamespace(take=lambda n: list(range(n)))
+    fid = SimpleNamespace(reference=[{"out": np.zeros((1, 1024), np.float32)}])  # 4 KiB a sample
+    ctx = SimpleNamespace(feed=feed)
+    assert judged.spare_samples(ctx, 16, fid) == list(range(16, 16 + judged.SPARE_SAMPLES))
+    monkeypatch.setattr(judged, "SPARE_BYTES", 10 * 4096)
+    assert judged.spare_samples(ctx, 16, fid) == list(range(16, 26))
+    monkeypatch.setattr(judged, "SPARE_BYTES", 100)
+    assert judged.spare_samples(ctx, 16, fid) == []
