@@ -101,11 +101,13 @@ def markdown(rows: list, command: str, started: str) -> str:
              f"the draw's inputs on which the original's top probability is < {UNSURE}. Fresh draws: "
              "seeds 1… of `inputs.py`'s calibration and evaluation streams, as many samples as the "
              "bench's evaluation set. Spread: max − min over the fresh draws.", "",
-             "| model | pipeline | held-out | spare fit | eval (seed 0) | fresh calibration draws | fresh evaluation draws | spread |",
+             "| model | pipeline | held-out | spare fit | eval (seed 0) | fresh calibration draws | "
+             "fresh evaluation draws | spread |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | `{r['pipeline']}` | {cells([r['held_out']])} | {cells([r['spare']])} | {cells([r['eval_seed0']])} | "
-                     f"{cells(r['calib_draws'])} | {cells(r['eval_draws'])} | {r['spread']:.4f} |")
+        lines.append(f"| {r['model']} | `{r['pipeline']}` | {cells([r['held_out']])} | {cells([r['spare']])} | "
+                     f"{cells([r['eval_seed0']])} | {cells(r['calib_draws'])} | {cells(r['eval_draws'])} | "
+                     f"{r['spread']:.4f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -195,8 +195,9 @@ class Fidelity:
             return self
         reference, runtime = reference_outputs(self.original, extra, self.views)
         both = None if self.runtime is None else self.runtime + runtime
+        judged_on = f"samples: {len(self.samples)} {self.judged_on or 'samples'} and {len(extra)} {what}"
         return replace(self, samples=self.samples + list(extra), _reference=self.reference + reference,
-                       _runtime=both, judged_on=f"samples: {len(self.samples)} {self.judged_on or 'samples'} and {len(extra)} {what}")
+                       _runtime=both, judged_on=judged_on)
 
     def describe(self) -> str:
         if self.target.metric == "none":

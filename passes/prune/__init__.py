@@ -8,9 +8,10 @@ Modes (chosen by the options):
   contribution moves into the consumers' biases (:mod:`onnxslim_kit.passes.prune.strip`,
   :mod:`onnxslim_kit.passes.prune.apply`). Strip always runs first, in every mode.
 * no options — strip, then **as much compute as the fidelity budget allows** (issue 18): the
-  amount ``r`` of ``prune(ratio=r)`` below is searched by bisection (at most 6 judged candidates and a back-off's,
-  each cut and re-fitted on the fit samples, judged per output view against the original on the
-  held-out samples and, where it holds there, on up to 64 fit samples the re-fit did not use, :mod:`onnxslim_kit.passes.prune.search`), and the largest that holds
+  amount ``r`` of ``prune(ratio=r)`` below is searched by bisection (at most 6 judged
+  candidates and a back-off's, each cut and re-fitted on the fit samples, judged per output
+  view against the original on the held-out samples and, where it holds there, on up to 64 fit
+  samples the re-fit did not use, :mod:`onnxslim_kit.passes.prune.search`), and the largest that holds
   ``ctx.fidelity`` (the pipeline's ``--target`` share, or the pass's own ``target=``: ``cos:V``,
   ``top1:V``, ``rel:V``, a bare number = ``cos:V``) is kept. The pipeline's ``--target none``
   means no search. Reported: ``ratio_reached`` (the share of the prunable compute removed),

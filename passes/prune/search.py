@@ -176,7 +176,8 @@ def back_off(model, ctx, cg, plan: Plan, fid, wide, analyse_model, found: Trial,
     if removed == found.removed:
         return found
     found.model = None
-    if not removed:
+    judged = next((t for t in trials if t.removed == removed), None)
+    if not removed or (judged is not None and not fid.met(judged.verdict)):  # nothing, or a known miss
         return None
     trial = judged_trial(model, ctx, cg, plan, r, removed, trial_result, fid, wide, analyse_model)
     trials.append(trial)

@@ -254,7 +254,8 @@ def test_raw_logits_are_judged_by_their_arg_max_and_their_margins():
     views = {v.output: v for v in find_views(_model(LOGITS))}
     assert views["logits"].kind == "probs" and views["logits"].logits and views["logits"].axis == -1
     assert views["features"].kind == "values" and not views["features"].logits
-    behind_softmax = find_views(_model(LOGITS.replace("logits = MatMul(x, w)", "z = MatMul(x, w)\n    logits = Softmax(z)")))
+    softmaxed = LOGITS.replace("logits = MatMul(x, w)", "z = MatMul(x, w)\n    logits = Softmax(z)")
+    behind_softmax = find_views(_model(softmaxed))
     assert [(v.kind, v.logits) for v in behind_softmax if v.output == "logits"] == [("probs", False)]
     reference = [{"logits": np.array([[5.0, 4.9, 1.0], [3.0, 0.0, 0.0], [0.0, 2.0, 9.0], [1.0, 7.0, 2.0]],
                                      np.float32)}]

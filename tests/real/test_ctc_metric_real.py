@@ -8,7 +8,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 import pytest
 
@@ -28,23 +27,14 @@ def _example():
 
 
 def rendered_lines(n: int) -> list:
-    """Text lines rendered as the benchmarks render them, as ddddocr feeds them: grayscale,
-    64 × 160, (x/255 − 0.5)/0.5."""
-    from PIL import Image
-
+    """The benchmarks' ddddocr calibration lines (``inputs._ddddocr``: prepared as ddddocr
+    reads them), without the task metric's character table."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import inputs
-        import render
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    rng, words = inputs.rng_for("ddddocr", "calib"), inputs._words("calib")
-    lines = []
-    for _ in range(n):
-        img = render.text_line(rng, render.text_snippet(rng, words, max_chars=int(rng.integers(4, 9))))
-        gray = Image.fromarray(img).convert("L").resize((160, 64), Image.BILINEAR)
-        lines.append({"input1": ((np.asarray(gray, np.float32) / 255.0 - 0.5) / 0.5)[None, None]})
-    return lines
+    return inputs.BUILDERS["ddddocr"]("ddddocr", None, "calib", n, 0)[0]
 
 
 def test_the_strings_metric_binds_int8_on_ddddocr():
