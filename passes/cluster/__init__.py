@@ -26,7 +26,9 @@ stream per graph, one GatherElements / Reshape / Mul / Split per group
 decoder at session creation with optimisations on, so the model runs on plain float weights
 (same latency as unclustered; the folding adds to the session creation time).
 
-Large models: a layer's GPTQ factor is computed once for all its levels, the Gram matrices are
+Large models: a layer's GPTQ factor is computed once for all its levels (and for the layers
+reading one input, Q/K/V), in low-rank form when the layer was seen on few rows
+(:meth:`.grams.Gram.factor`); BLAS runs on ``BLAS_THREADS`` threads; the Gram matrices are
 held a group of layers at a time (:mod:`onnxslim_kit.passes.cluster.grams`), GPTQ applies its
 updates a block of columns at a time (:mod:`.maths.gptq`), and labels are held in one byte
 (:class:`.maths.encode.Clustered`).
@@ -130,7 +132,7 @@ from onnxslim_kit.streaming import ScratchArrays, release_pages
 from onnxslim_kit.passes.cluster import stream
 from onnxslim_kit.passes.cluster.maths.encode import Clustered, snap_to_int8_grid
 from onnxslim_kit.passes.cluster.grams import chunks
-from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer, gptq_factor
+from onnxslim_kit.passes.cluster.maths.gptq import cluster_layer
 from onnxslim_kit.passes.cluster.maths.kmeans import at_most_distinct, cluster_weight
 from onnxslim_kit.passes.cluster.maths.rows import row_codebooks
 from onnxslim_kit.passes.cluster.select import FLOAT, ROWS, choose
@@ -143,6 +145,7 @@ from onnxslim_kit.passes.cluster.maths.share import (
     shared_codebook,
     stack_key,
 )
+from onnxslim_kit.passes._common.blas import blas_threads
 from onnxslim_kit.passes._common.graph import const_value, exclusive_constant, is_onnx_op
 from onnxslim_kit.passes._common.layer_stats import match_layer
 from onnxslim_kit.passes._common.match import NOT_CONCERNED
@@ -154,6 +157,7 @@ FLOAT_KINDS = (np.float16, np.float32, np.float64)
 LARGE_BYTES = 256 << 20  # weights to cluster above which labels go to a scratch file and Gram rows are kept
 RANK_SAMPLES = 4  # fit samples on which each layer's own damage is measured (select.py)
 MAX_NOTE_LAYERS = 40
+BLAS_THREADS = 1  # the 2-core machine under load: a 1536-wide GPTQ factor took 3.6 s on 2 threads, 0.14 s on 1
 
 
 def model_bytes(model) -> tuple:
@@ -259,6 +263,10 @@ class ClusterPass(Pass):
     }
 
     def run(self, model, ctx) -> PassResult:
+        with blas_threads(BLAS_THREADS):
+            return self._run(model, ctx)
+
+    def _run(self, model, ctx) -> PassResult:
         result = PassResult()
         opts = ctx.options
         k, k_high = opts["k"], max(opts["k_high"], opts["k"])
@@ -336,11 +344,14 @@ class ClusterPass(Pass):
         books = ClusterPass._books(items, sizes, opts)
         bar = iter(ctx.progress(range(len(items)), desc="cluster", total=len(items)))
         gptq = 0
+        held = [None, [None]]  # the last Gram entry and its factor: Q/K/V projections read one
 
         def fill(item, layer=None, entry=None) -> int:
             next(bar, None)
             usable = layer is not None and entry is not None and entry.gram_rows > 0
-            factor = [None]  # computed on first use: exact weights never need it
+            if held[0] is not entry:
+                held[:] = [entry, [None]]  # computed on first use: exact weights never need it
+            factor = held[1]
             used = 0
             for level in sizes:
                 item.levels[level], one = ClusterPass._cluster(item, level, books.get(level, {}), opts,
@@ -395,8 +406,8 @@ class ClusterPass(Pass):
         """``(Clustered, 1 if GPTQ assigned it else 0)``: a shared codebook (``books`` by stack
         key) and the item's row scales, a codebook per row (``per_channel`` or the ``ROWS``
         level), or a codebook of its own (exact limit, 1-D weights). GPTQ when ``layer`` (with
-        its Gram matrix ``entry``) is given; ``factor``: a one-element list caching the layer's
-        :func:`.maths.gptq.gptq_factor` across levels."""
+        its Gram matrix ``entry``) is given; ``factor``: a one-element list caching the
+        entry's GPTQ factor (:meth:`.grams.Gram.factor`) across levels and layers."""
         values = item.values
         k = opts["k"] if level is ROWS else level
         per_row = (opts["per_channel"] or level is ROWS) and values.ndim >= 2
@@ -404,7 +415,7 @@ class ClusterPass(Pass):
 
         def assign(codebook, scales, per_input=False):
             if factor[0] is None:
-                factor[0] = gptq_factor(entry.normalized_gram, overwrite=True)  # a fresh array
+                factor[0] = entry.factor()
             return cluster_layer(layer, None, codebook, scales, opts["keep_zero"], per_input, factor[0])
         exact = at_most_distinct(values, k)
         if per_row:

@@ -15,7 +15,9 @@ or fourth moments: GPTQ uses ``H`` alone.
 Rows instead of ``H`` (``keep_rows``, the pass's large-model mode): a layer seen on ``R`` rows
 with ``4 R k < 8 k²`` (fewer rows than twice its width: issue 16's decoder, 4 samples of 32
 tokens, 128 rows against widths 1536 and 6144) holds its rows in float32 and forms ``H`` when
-GPTQ asks for it (:attr:`Gram.normalized_gram`, one GEMM). ``R`` per layer comes from one probe
+GPTQ asks for it (:attr:`Gram.normalized_gram`, one GEMM) — or, with ``R`` at most a quarter of
+``k``, never: GPTQ's factor then comes from the rows in low-rank form (:meth:`Gram.factor`,
+:func:`.maths.gptq.lowrank_factor`: ``O(k R²)`` instead of ``O(k³)``, no ``k × k`` array). ``R`` per layer comes from one probe
 run of the first sample (:func:`probe_rows`); the groups are then sized by what each layer
 holds, ``min(8k², 4Rk)`` — all of that decoder's 145 layers in one group, one streamed pass over
 the samples instead of one per group (36 at 128 MB a group: a 6144-wide ``H`` is 302 MB alone).
@@ -30,6 +32,7 @@ import numpy as np
 from onnxslim_kit.api import iter_activations
 
 from onnxslim_kit.passes._common.layer_stats import MAX_ROWS, conv_geometry, conv_rows, matmul_rows
+from onnxslim_kit.passes.cluster.maths.gptq import LOWRANK_RATIO, gptq_factor, lowrank_factor
 
 GRAM_BUDGET = 128 << 20  # bytes of Gram matrices held at once
 
@@ -61,6 +64,14 @@ class Gram:
         if self.held and len(self.held) > 1:
             self.held = [np.concatenate(self.held)]
         return self.held[0] if self.held else None
+
+    def factor(self) -> tuple:
+        """GPTQ's ``(dead inputs, U)`` of ``H``: :func:`.maths.gptq.lowrank_factor` from the held
+        rows when they are at most ``1 / LOWRANK_RATIO`` of the width, else :func:`.maths.gptq.gptq_factor`."""
+        rows = self.held_rows()
+        if rows is not None and LOWRANK_RATIO * len(rows) <= rows.shape[1]:
+            return lowrank_factor(rows, self.gram_rows)
+        return gptq_factor(self.normalized_gram, overwrite=True)  # a fresh array
 
     @property
     def normalized_gram(self) -> np.ndarray | None:

@@ -23,11 +23,13 @@ cosine 0.84 → 0.93. The centroids cost ``2k`` bytes a row (k = 16: 32 bytes, +
 480 labels), so the selector (:mod:`onnxslim_kit.passes.cluster.select`) offers them as a step between the shared
 codebook and ``k_high``, layer by layer, where they pay for themselves.
 
-Large weights (above ``BATCH_ABOVE`` values, no exact zeros to keep): one Lloyd over every
-row at once (:func:`batch_books`: seeded with the pooled codebook of the RMS-normalised rows
-times each row's RMS instead of k-means++ per row, at most 20 Lloyd steps): a
-Python loop of one 1-D k-means per row costs seconds per weight of thousands of rows, and
-issue 16's decoder has 145 of them.
+Large weights (above ``BATCH_ABOVE`` values): one Lloyd over every row at once
+(:func:`batch_books`: seeded with the pooled codebook of the RMS-normalised rows times each
+row's RMS instead of k-means++ per row, at most 20 Lloyd steps): a Python loop of one 1-D
+k-means per row costs seconds per weight of thousands of rows, and issue 16's decoder has 145
+of them. Rows with an exact zero to keep, and rows at the exact limit, still take the 1-D
+k-means of their own (one stray zero in a random 1536 × 6144 weight used to send all of its
+rows there: 7 of that decoder's 20 weights at 3 layers, 19 s).
 """
 
 from __future__ import annotations
@@ -48,16 +50,17 @@ def row_codebooks(weight: np.ndarray, axis: int, k: int, keep_zero: bool, labels
     at most ``k`` distinct values (books in the weight's dtype, bit for bit); else the books are
     float16 when they fit (assignment against the rounded values); ``labels=False``: None for
     the labels unless ``exact`` (a caller that assigns them itself). Above :data:`BATCH_ABOVE`
-    values without exact zeros (or without ``keep_zero``), every row's Lloyd runs at once
+    values, the Lloyd of every row without an exact zero to keep runs at once
     (:func:`batch_books`)."""
     rows = as_rows(weight, axis)
-    batched = weight.size > BATCH_ABOVE and not (keep_zero and np.any(rows == 0))
+    batched = weight.size > BATCH_ABOVE
+    own = np.any(rows == 0, axis=1) if keep_zero and batched else np.zeros(len(rows), bool)
     books = batch_books(rows, k) if batched else np.empty((len(rows), k), weight.dtype)
     exact = True
     for c, row in enumerate(rows):
         few = at_most_distinct(row, k)
         exact &= few
-        if few or not batched:
+        if few or not batched or own[c]:
             book, _ = kmeans_1d(row, k, keep_zero)
             books[c] = np.concatenate([book, np.repeat(book[-1:], k - book.size)])
     if not exact and weight.dtype != np.float16 and np.all(np.abs(books) <= HALF_MAX):

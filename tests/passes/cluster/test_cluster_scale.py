@@ -1,6 +1,7 @@
 """``cluster`` at scale: k-means on a sketch of a large weight, the strided exact-limit probe,
-batched per-row codebooks, the GPTQ factor without ``H⁻¹``, Gram rows instead of ``H``, and the
-large-model mode (labels in a scratch file, proxied per-layer damages)."""
+batched per-row codebooks, the GPTQ factor without ``H⁻¹`` (and in low-rank form from held rows),
+Gram rows instead of ``H``, and the large-model mode (labels in a scratch file, proxied per-layer
+damages)."""
 
 import numpy as np
 import onnx
@@ -56,6 +57,7 @@ def test_the_exact_limit_probe_agrees_with_a_full_count(rng):
 def test_batched_row_codebooks_match_the_per_row_loop(rng, monkeypatch):
     weight = (rng.standard_normal((48, 300)) * rng.uniform(0.5, 2, (48, 1))).astype(np.float32)
     weight[5] = rng.choice([0.5, -0.25, 1.0], 300)  # one row at the exact limit
+    weight[9, 17] = 0.0  # one stray zero: its row alone takes its own k-means, the zero kept
     looped, loop_labels, _ = rows.row_codebooks(weight, 0, 8, True)
     monkeypatch.setattr(rows, "BATCH_ABOVE", 0)
     batched, batch_labels, exact = rows.row_codebooks(weight, 0, 8, True)
@@ -65,6 +67,8 @@ def test_batched_row_codebooks_match_the_per_row_loop(rng, monkeypatch):
     assert not exact
     assert error(batched, batch_labels) <= 1.02 * error(looped, loop_labels)
     np.testing.assert_array_equal(np.take_along_axis(batched, batch_labels, axis=1)[5], weight[5].astype(np.float16))
+    np.testing.assert_array_equal(batched[9], looped[9])
+    assert batched[9, batch_labels[9, 17]] == 0.0
     assert np.all(np.diff(batched.astype(np.float64), axis=1) >= 0)
     _, none, _ = rows.row_codebooks(weight, 0, 8, True, labels=False)
     assert none is None
@@ -81,6 +85,29 @@ def test_the_factor_is_the_upper_cholesky_factor_of_the_damped_inverse(rng):
     assert dead.tolist() == [i == 3 for i in range(12)]
     np.testing.assert_allclose(upper.T @ upper, np.linalg.inv(damped), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(np.tril(upper, -1), 0.0)
+
+
+def test_the_low_rank_factor_is_the_dense_one_and_assigns_the_same_labels(rng, monkeypatch):
+    x = (rng.standard_normal((24, 4)) @ rng.standard_normal((4, 150)) + 0.3 * rng.standard_normal((24, 150)))
+    x = x.astype(np.float32)
+    x[:, 7] = 0.0  # a dead input
+    r64 = x.astype(np.float64)
+    dead, upper = gptq.gptq_factor(r64.T @ r64 / 24)
+    low_dead, low = gptq.lowrank_factor(x, 24)
+    np.testing.assert_array_equal(low_dead, dead)
+    np.testing.assert_allclose(np.triu(low.w @ low.g.T, 1) + np.diag(low.d), upper, rtol=1e-9, atol=1e-12)
+    m = rng.standard_normal((30, 150))
+    book, books = np.sort(rng.standard_normal(16)), np.sort(rng.standard_normal((30, 8)), axis=1)
+    monkeypatch.setattr(gptq, "BLOCK", 32)  # several blocks, the last one shorter
+    for codebook, scales in ((book, rng.uniform(0.5, 2, 30)), (books, np.ones(30))):
+        np.testing.assert_array_equal(gptq.gptq_assign(m, None, codebook, scales, m == 0, factor=(low_dead, low)),
+                                      gptq.gptq_assign(m, None, codebook, scales, m == 0, factor=(dead, upper)))
+    held = grams.Gram()
+    held.add(x, True)
+    assert isinstance(held.factor()[1], gptq.LowRank)  # 24 rows, 150 wide
+    wide = grams.Gram()
+    wide.add(x[:, :80], True)  # 24 rows, 80 wide: more than a quarter, the dense factor
+    assert isinstance(wide.factor()[1], np.ndarray)
 
 
 def test_held_rows_give_the_same_gram_and_switch_to_the_matrix(rng):
