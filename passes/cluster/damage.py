@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from onnxslim_kit.streaming import release_pages
+
 KIND_DEPTH = 6
 
 
@@ -47,6 +49,7 @@ def proxied(items: list, ladders: list, measure) -> list:
                 continue
             change = _matrix(item, item.levels[level].decoded()) - _matrix(item, item.values)
             errors[(i, j)] = float(np.square(item.rows @ change, dtype=np.float64).sum()) / norm
+            release_pages(item.levels[level].labels)  # a large model's labels: scratch-file pages
         item.drop_pages()
     candidates = {id(items[i].node) for i in seen}
     kinds = {i: kind(items[i].node, candidates) for i in seen}

@@ -144,11 +144,19 @@ class Trials:
             release_pages(values)
         scratch = ScratchArrays()
         try:
-            return self.verdict({it.name: scratch.put(it.levels[lv].decoded())
-                                 for it, lv in zip(items, chosen) if lv is not FLOAT})
+            return self.verdict({it.name: _decoded(scratch, it.levels[lv]) for it, lv in zip(items, chosen)
+                                 if lv is not FLOAT})
         finally:
             scratch.close()
             give_back()
+
+
+def _decoded(scratch: ScratchArrays, clustered):
+    """``clustered``'s decoded values as a map of ``scratch``; the pages of its labels (a large
+    model's are a scratch file's too) are dropped once read."""
+    values = scratch.put(clustered.decoded())
+    release_pages(clustered.labels)
+    return values
 
 
 def choose(proto, items: list, rank_samples: list, fid, levels: list, proxy: bool = False) -> tuple:
@@ -171,7 +179,9 @@ def choose(proto, items: list, rank_samples: list, fid, levels: list, proxy: boo
         return low, verdict, trials
 
     def measure(item, level) -> float:
-        return trials.error({item.name: item.levels[level].decoded()})
+        values = item.levels[level].decoded()
+        release_pages(item.levels[level].labels)
+        return trials.error({item.name: values})
     costs = [[_bytes(item, lv, levels[0]) for lv in steps] for item, steps in zip(items, ladders)]
     damages = (proxied_damages(items, ladders, measure) if proxied else
                [[0.0 if lv is FLOAT else measure(item, lv) for lv in steps] for item, steps in zip(items, ladders)])
