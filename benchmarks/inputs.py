@@ -17,7 +17,7 @@ ppocrv4_det    rendered page 480×640, BGR, (x/255−0.5)/0.5, NCHW (sides multi
 ppocrv4_rec    rendered text line → height 48, width ≤ 320 by aspect, zero-padded to 320,
                BGR, (x/255−0.5)/0.5; label = the rendered string (charset: model metadata)
 ppocr_cls_v2   text line → 3×48×192 the same way; label 0 (upright) / 1 (rotated 180°)
-ddddocr        (outside the default suite) a line of 4–8 characters → grayscale, height 64,
+ddddocr        (a CTC recognizer ending in raw logits) a line of 4–8 characters → grayscale, height 64,
                width by aspect, (x/255−0.5)/0.5, edge-padded to 448; label = the string
                (charset: the 8210-entry table in ddddocr 1.5.6's ``__init__.py``)
 orientation    rendered page rotated k·90° clockwise, short side → 256 (Lanczos), centre
@@ -64,7 +64,7 @@ import render
 import tasks
 
 MODELS = ["ppocrv4_det", "ppocrv4_rec", "ppocr_cls_v2", "orientation", "silero_vad", "mtcnn_pnet", "mtcnn_onet",
-          "minilm_l6", "yolov8n_coco", "yolov8n_doclaynet", "picodet_layout"]
+          "minilm_l6", "yolov8n_coco", "yolov8n_doclaynet", "picodet_layout", "ddddocr"]
 DET_SIZE = (480, 640)  # H, W
 REC_SHAPE = (48, 320)
 CLS_SHAPE = (48, 192)

@@ -69,7 +69,7 @@ TOLERANCE = 0.01  # issue 18: held-out figure within 0.01 of the eval figure
 SLACK = 1e-9  # |1 − 0.99| is a hair over 0.01 in binary: a difference of exactly the tolerance is within
 FLOOR = 0.99  # decision views: cosine and agreement
 KEPT_FLOOR = 0.95  # detectors: share of the original's detections kept
-DECISION_KINDS = ("scores", "probs", "exact")
+DECISION_KINDS = ("scores", "probs", "exact", "ctc")
 FUSE = "fuse"
 
 

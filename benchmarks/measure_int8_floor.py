@@ -54,7 +54,7 @@ FLOOR = "fuse,int8(target=none,speed=off,fallback=false,max_range=0,heads=false,
 OURS = "fuse,int8"
 NNCF_ANCHORS = ["nncf", "nncf_mixed"]
 CONV_MODELS = ["ppocr_cls_v2", "orientation", "mtcnn_pnet", "mtcnn_onet", "ppocrv4_rec", "ppocrv4_det",
-               "yolov8n_coco", "yolov8n_doclaynet", "picodet_layout"]
+               "yolov8n_coco", "yolov8n_doclaynet", "picodet_layout", "ddddocr"]
 
 
 def parse_args(argv: list) -> argparse.Namespace:

@@ -63,7 +63,7 @@ FIXED = ("fuse", "fuse,int8", "fuse,dynamic", "fuse,fp16", "fuse,prune", "fuse,p
 SIZE_EXTRA = ("fuse,cluster",)
 SMALL = ("ppocr_cls_v2", "orientation", "mtcnn_pnet", "mtcnn_onet", "silero_vad", "minilm_l6")
 CONV = ("ppocr_cls_v2", "orientation", "mtcnn_pnet", "mtcnn_onet", "ppocrv4_det", "ppocrv4_rec", "yolov8n_coco",
-        "yolov8n_doclaynet", "picodet_layout")
+        "yolov8n_doclaynet", "picodet_layout", "ddddocr")
 AT_LEAST_AS_FAST = 1.03
 FASTER = 0.95
 

@@ -154,13 +154,13 @@ class Fidelity:
     @property
     def margin_pool(self) -> dict:
         """The original's Softmax margins on up to :data:`MAX_POOL_SAMPLES` fit samples, per view
-        (:func:`.judge.reference_margins`; computed at the first use, only with a Softmax view):
+        (:func:`.judge.reference_margins`; computed at the first use, only with a Softmax or CTC view):
         the margins of samples the pass fits do not depend on it, and a near tie among them is a
         decision the held-out ones may not show."""
         if self._pool is None:
             self._pool = {}
             if self.pool_feed is not None and self.original is not None and any(
-                    v.kind == "probs" for v in self.views):
+                    v.kind == "probs" or v.ctc for v in self.views):
                 samples = self.pool_feed.take(MAX_POOL_SAMPLES)
                 if samples:
                     reference, runtime = reference_outputs(self.original, samples, self.views)

@@ -8,6 +8,8 @@ Per view, over the judged samples s (reference y, candidate ŷ restricted to the
                = min(share of softmax rows whose arg-max agrees, over all samples,
                      the margin estimate of :mod:`.margins`)                (probs)
                = share of equal elements, over all samples                (exact)
+               = min(share of sequences whose greedy-CTC strings agree,
+                     the strings' margin estimate of :mod:`.strings`)      (ctc)
 
 A non-finite value where the reference is finite (or the other way round) makes that sample's
 cosine 0 and its relative error infinite. The verdict's budget fraction ``used`` is the
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .margins import estimated_agreement, margins_and_shifts
+from .strings import ctc_layout, decode, estimated_string_agreement, sequences, string_margins
 from .target import Target
 from .views import SCORE_THRESHOLD, View, Views
 
@@ -213,6 +216,11 @@ def reference_margins(views: Views, reference: list, runtime: list | None) -> di
     view, on ``reference`` (the original's outputs on other samples)."""
     pool = {}
     for view in views:
+        layout = ctc_layout([out.get(view.output) for out in reference]) if view.ctc else None
+        if layout is not None:
+            pool[view.name] = [string_margins(seq, seq, layout[1])[0] for out in reference
+                               for seq in sequences(out[view.output], layout[0])]
+            continue
         if view.kind != "probs":
             continue
         found = []
@@ -234,7 +242,18 @@ def reference_margins(views: Views, reference: list, runtime: list | None) -> di
 
 
 def _score(view: View, views: Views, reference: list, candidate: list, runtime: list | None,
-           pool: np.ndarray | None = None) -> ViewScore:
+           pool=None) -> ViewScore:
+    """The view's score: by decoded strings where it reads as CTC (:mod:`.strings`), else by rows."""
+    layout = ctc_layout([out.get(view.output) for out in reference]) if view.ctc else None
+    if layout is not None:
+        return _score_strings(view, reference, candidate, layout, pool if isinstance(pool, list) else [])
+    # a CTC pool of the fit samples, while the judged ones do not read as CTC, is no row pool
+    return _score_rows(view, views, reference, candidate, runtime, None if isinstance(pool, list) else pool)
+
+
+def _score_rows(view: View, views: Views, reference: list, candidate: list, runtime: list | None,
+                pool: np.ndarray | None) -> ViewScore:
+    decides = view.kind in ("scores", "probs", "exact")
     score = ViewScore(view.name, view.kind, masked_by=view.mask if runtime and any(
         view.mask in r for r in runtime) else None)
     cosines, rels, hits, total = [], [], 0, 0
@@ -253,7 +272,7 @@ def _score(view: View, views: Views, reference: list, candidate: list, runtime: 
             cos, rel = _float_drift(ref, got)
             cosines.append(cos)
             rels.append(rel)
-        if view.decides:
+        if decides:
             agree, count, margin, shift = _decisions(view, ref, got, labels)
             hits, total = hits + agree, total + count
             per_sample_agreement.append(agree / count if count else 1.0)
@@ -261,7 +280,7 @@ def _score(view: View, views: Views, reference: list, candidate: list, runtime: 
     if cosines:
         score.cosine, score.rel = min(cosines), max(rels)
         score.worst_sample = int(np.argmin(cosines))
-    if view.decides:
+    if decides:
         score.agreement = hits / total if total else 1.0
         margins, shifts = (np.concatenate(margins), np.concatenate(shifts)) if margins else (np.zeros(0),) * 2
         if view.kind == "probs" and margins.size:
@@ -272,6 +291,37 @@ def _score(view: View, views: Views, reference: list, candidate: list, runtime: 
             score.agreement = min(score.agreement, estimated_agreement(margins, shifts))
         if not cosines and per_sample_agreement:
             score.worst_sample = int(np.argmin(per_sample_agreement))
+    return score
+
+
+def _score_strings(view: View, reference: list, candidate: list, layout: tuple, pool: list) -> ViewScore:
+    """A CTC view (:mod:`.strings`): cosine and relative error per sample as any float view,
+    agreement over the sequences' decoded strings, bounded by the strings' margin estimate
+    over the judged sequences and the fit samples' (``pool``)."""
+    axis, blank = layout
+    score = ViewScore(view.name, "ctc")
+    cosines, rels, agree, total, strings, shifts = [], [], 0, 0, [], []
+    for ref_out, got_out in zip(reference, candidate):
+        ref, got = np.asarray(ref_out[view.output]), got_out.get(view.output)
+        if got is None or np.shape(got) != ref.shape:
+            cosines.append(0.0), rels.append(math.inf)
+            total += ref.shape[axis]
+            continue
+        cos, rel = _float_drift(ref, np.asarray(got))
+        cosines.append(cos), rels.append(rel)
+        for ref_seq, got_seq in zip(sequences(ref, axis), sequences(got, axis)):
+            same = decode(np.argmax(ref_seq, axis=1), blank) == decode(np.argmax(got_seq, axis=1), blank)
+            agree, total = agree + int(same), total + 1
+            margin, shift = string_margins(ref_seq, got_seq, blank)
+            strings.append(margin), shifts.append(shift)
+    score.cosine, score.rel = min(cosines), max(rels)
+    score.worst_sample = int(np.argmin(cosines))
+    score.observed = score.agreement = agree / total if total else 1.0
+    shifts = np.concatenate(shifts) if shifts else np.zeros(0)
+    margins = np.concatenate(strings) if strings else np.zeros(0)
+    if shifts.size and margins.size:
+        score.margin_shift, score.min_margin = float(shifts.max()), float(margins.min())
+        score.agreement = min(score.agreement, estimated_string_agreement(strings + list(pool), margins, shifts))
     return score
 
 

@@ -19,6 +19,12 @@ lose their detections while the output's cosine reads 0.9995. The views:
    with no Softmax or Sigmoid behind it) is a ``probs`` view of raw logits: the arg-max over its last
    axis, per position of the others (masked like a leaf), margins read from the logits as they
    are. Without it a classifier exported without its Softmax was judged by its cosine alone.
+   **CTC sequences** — such a ``logits`` output without a token mask, and an unnamed output
+   that a ``Gemm`` / ``MatMul`` with a constant weight (+ constant bias) projects to classes
+   (ddddocr's ``[T, 1, 8210]``, named ``387``), may be a recognizer's frame logits: where the
+   original's outputs read as CTC (3-D, one class — the blank — winning most steps), the
+   decision is each sequence's greedy-decoded string (:mod:`.strings`); elsewhere they are
+   judged as before (arg-max rows for ``logits``, values for the unnamed ones).
 3. **exact** — integer and boolean outputs (``ArgMax``, ``TopK`` indices, masks) must agree
    element by element.
 4. **padding masked** — an output whose first two axes are a graph input's that is an integer
@@ -75,6 +81,7 @@ class View:
     axis: int | None = None  # probs without a tail: the softmax axis of the output itself
     mask: str | None = None  # the [batch, sequence] mask input whose marked positions are judged
     logits: bool = False  # probs: raw logits (named so), arg-max over the last axis, margins as they are
+    ctc: bool = False  # may be CTC sequences: judged by decoded strings where the data say so (:mod:`.strings`)
 
     @property
     def name(self) -> str:
@@ -82,7 +89,7 @@ class View:
 
     @property
     def decides(self) -> bool:
-        return self.kind in ("scores", "probs", "exact")
+        return self.kind in ("scores", "probs", "exact") or self.ctc
 
 
 @dataclass
@@ -143,33 +150,39 @@ def find_views(proto: onnx.ModelProto) -> Views:
     masks = _sequence_masks(graph)
     views, tails = [], {}
     for out in graph.output:
-        elem = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
         if not out.type.HasField("tensor_type"):
             continue  # sequences, maps, optionals: judged by the verifier's own rules
-        mask = masks.get(_leading_axes(out))
-        if _integer_type(elem):
-            views.append(View(out.name, "exact", mask=mask))
-            continue
-        logits = _logits_view(out, producers, constants, mask)
-        if logits is not None:
-            views.append(logits)
-            continue
-        tail = _tail(out.name, producers, constants, opset)
-        kinds = list(dict.fromkeys(kind for _, kind, _, _ in tail.leaves))
-        if not tail.nodes:  # the output is a leaf itself
-            kind, axis, _ = tail.leaves[0][1], tail.leaves[0][2], tail.leaves[0][3]
-            rank = len(out.type.tensor_type.shape.dim)
-            if kind == "probs" and (axis is None or rank < 3 or axis % rank != rank - 1):
-                mask = None  # a softmax over the masked axes, or not the last one: rows need every position
-            views.append(View(out.name, kind, axis=axis if kind == "probs" else None, mask=mask))
-            continue
-        if len(kinds) > 1:
-            views += [View(out.name, kind, branch=kind) for kind in kinds]
-        else:  # one kind behind layout ops: masked as a leaf would be (a softmax's rows need labels)
-            views.append(View(out.name, kinds[0], mask=mask if kinds[0] != "probs" else None))
-        if len(kinds) > 1 or kinds[0] == "probs":  # labels needed: branches, or softmax rows
+        found, tail = _output_views(out, producers, constants, opset, masks.get(_leading_axes(out)))
+        views += found
+        if tail is not None:
             tails[out.name] = tail
     return Views(views, tails, constants)
+
+
+def _output_views(out, producers: dict, constants: dict, opset: int, mask: str | None) -> tuple:
+    """``(views, tail)`` of one tensor output; the tail only where labels are needed (branches,
+    or softmax rows behind layout ops)."""
+    if _integer_type(out.type.tensor_type.elem_type):
+        return [View(out.name, "exact", mask=mask)], None
+    logits = _logits_view(out, producers, constants, mask)
+    if logits is not None:
+        return [logits], None
+    tail = _tail(out.name, producers, constants, opset)
+    kinds = list(dict.fromkeys(kind for _, kind, _, _ in tail.leaves))
+    if mask is None and kinds == ["values"] and len(tail.leaves) == 1 and _projected(
+            tail.leaves[0][0], producers, constants):
+        return [View(out.name, "values", ctc=True)], None  # a projection to classes: CTC where the data say so
+    if not tail.nodes:  # the output is a leaf itself
+        kind, axis = tail.leaves[0][1], tail.leaves[0][2]
+        rank = len(out.type.tensor_type.shape.dim)
+        if kind == "probs" and (axis is None or rank < 3 or axis % rank != rank - 1):
+            mask = None  # a softmax over the masked axes, or not the last one: rows need every position
+        return [View(out.name, kind, axis=axis if kind == "probs" else None, mask=mask)], None
+    if len(kinds) > 1:
+        return [View(out.name, kind, branch=kind) for kind in kinds], tail
+    # one kind behind layout ops: masked as a leaf would be (a softmax's rows need labels)
+    return [View(out.name, kinds[0], mask=mask if kinds[0] != "probs" else None)], (
+        tail if kinds[0] == "probs" else None)
 
 
 def names_logits(name: str) -> bool:
@@ -185,7 +198,19 @@ def _logits_view(out, producers: dict, constants: dict, mask: str | None) -> Vie
     rank = len(out.type.tensor_type.shape.dim) if out.type.tensor_type.HasField("shape") else 0
     if not names_logits(out.name) or rank < 1 or _leaf_kind(out.name, producers, constants) != "values":
         return None
-    return View(out.name, "probs", axis=-1, mask=mask if rank >= 3 else None, logits=True)
+    mask = mask if rank >= 3 else None
+    return View(out.name, "probs", axis=-1, mask=mask, logits=True, ctc=mask is None)
+
+
+def _projected(name: str, producers: dict, constants: dict) -> bool:
+    """Whether ``name`` is a projection to classes: a ``Gemm`` or ``MatMul`` with a constant
+    weight, or such a one plus a constant bias."""
+    node = producers.get(name)
+    if node is not None and node.op_type == "Add" and len(node.input) == 2:
+        rest = [i for i in node.input if i not in constants]
+        node = producers.get(rest[0]) if len(rest) == 1 else None
+    return node is not None and node.op_type in ("Gemm", "MatMul") and len(node.input) >= 2 and (
+        node.input[1] in constants)
 
 
 def _dim_key(dim):

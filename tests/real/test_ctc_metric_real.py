@@ -54,3 +54,20 @@ def test_the_strings_metric_binds_int8_on_ddddocr():
     score = next(v["agreement"] for v in entry.fidelity["views"] if v["view"] == "metric strings_kept")
     assert example.strings_kept(reference, candidate) == pytest.approx(score) and score >= 0.99
     assert example.decode(reference[0]["387"]) and len(reference[0]["387"].shape) == 3
+
+
+def test_the_built_in_ctc_view_reads_the_strings_the_metric_reads():
+    """No ``--metric``: the output ``387`` (a Gemm's projection to 8210 classes, time-major)
+    reads as CTC, and its counted agreement is the documented metric's on the same lines."""
+    example = _example()
+    calib = rendered_lines(24)
+    source = str(fetch("ddddocr"))
+    out, report = onnxslim_kit.optimize(source, "fuse,int8(speed=off)", calib=calib)
+    entry = report.passes[-1]
+    (view,) = entry.fidelity["views"]
+    assert view["view"] == "387" and view["kind"] == "ctc" and entry.fidelity["met"]
+    assert view["agreement"] <= view["observed"] and view["agreement"] >= 0.99
+    held = held_out_of(calib)
+    sessions = [ort.InferenceSession(m, providers=["CPUExecutionProvider"]) for m in (source, out.SerializeToString())]
+    reference, candidate = ([{"387": s.run(None, x)[0]} for x in held] for s in sessions)
+    assert example.strings_kept(reference, candidate) == pytest.approx(view["observed"])
