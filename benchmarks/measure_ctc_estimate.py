@@ -1,0 +1,145 @@
+"""Does the CTC view's string agreement predict what many more lines show? (issue 18)
+
+    python benchmarks/measure_ctc_estimate.py --model ddddocr --calib 128 --fresh 256
+
+A CTC recognizer's decision is the string it reads (``onnxslim_kit/fidelity/strings.py``).
+Counting changed strings on 32 held-out lines cannot tell a change rate of 0 from 1 in 30, so
+the view's agreement is the lower of the counted share and an estimate from the steps' margins
+and shifts, pooled with the margins of the fit lines. This script puts the two beside the
+truth: the share of strings kept on ``--fresh`` lines the candidate never saw (fresh draws of
+the evaluation stream, seeds 11, 12, …, 64 lines each).
+
+Candidates, each judged against the original (plain ORT, CPU, 1 thread):
+
+* ``weights``: every Conv / Gemm weight rounded to int8 per output channel (symmetric, scale
+  max|w| / 127), compute in float — the mildest rung of ``int8``'s ladder, made in numpy here;
+* each ``--pipelines`` entry, written by ``onnxslim_kit.optimize`` with the ``--calib`` lines
+  (seed 0, as ``measure_fidelity.py`` does).
+
+Per candidate: the view's counted share and its agreement (the estimate bound) on the held-out
+calibration lines with the fit lines' margins pooled (what the pass is judged by), on the
+first 32 fresh lines without a pool (what ``bench`` reports on an evaluation set), then the
+counted share on all fresh lines.
+Results: ``benchmarks/results/<name>.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import inputs  # noqa: E402
+import onnxslim_kit  # noqa: E402
+from onnxslim_kit.fidelity import Target, find_views, judge  # noqa: E402
+from onnxslim_kit.fidelity.context import MAX_POOL_SAMPLES, held_out, held_out_of  # noqa: E402
+from onnxslim_kit.fidelity.judge import reference_margins  # noqa: E402
+from onnxslim_kit.runtime import make_session, run  # noqa: E402
+from onnxslim_kit.zoo import fetch  # noqa: E402
+
+PIPELINES = ["fuse,int8(speed=off)", "fuse,int8(speed=off,target=none)",
+             "fuse,int8(speed=off,target=none,exclude=op:Gemm)"]
+DRAW = 64  # fresh lines per seed
+BENCH_LINES = 32
+
+
+def weights_rounded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy with every Conv / Gemm weight on a symmetric int8 grid per output channel."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    weights = {node.input[1] for node in model.graph.node if node.op_type in ("Conv", "Gemm")}
+    for init in model.graph.initializer:
+        if init.name in weights:
+            w = numpy_helper.to_array(init)
+            scale = np.abs(w).reshape(w.shape[0], -1).max(axis=1) / 127.0
+            scale = np.maximum(scale, 1e-30).reshape((-1,) + (1,) * (w.ndim - 1))
+            init.CopyFrom(numpy_helper.from_array((np.round(w / scale) * scale).astype(w.dtype), init.name))
+    return model
+
+
+def outputs(model, samples: list) -> list:
+    session = make_session(model, threads=1)
+    return [run(session, sample) for sample in samples]
+
+
+def ctc_score(verdict) -> dict:
+    score = next(s for s in verdict.scores if s.kind == "ctc")
+    return {"view": score.view, "observed": score.observed, "agreement": score.agreement}
+
+
+def measure(name: str, pipelines: list, n_calib: int, n_fresh: int) -> dict:
+    source = str(fetch(name))
+    original = onnx.load(source)
+    calib = inputs.BUILDERS[name](name, Path(source), "calib", n_calib, 0)[0]
+    held = held_out_of(calib)
+    fit = [s for i, s in enumerate(calib) if not held_out(i)][:MAX_POOL_SAMPLES]
+    fresh = [s for seed in range(11, 11 + -(-n_fresh // DRAW))
+             for s in inputs.BUILDERS[name](name, Path(source), "eval", DRAW, seed)[0]][:n_fresh]
+    views = find_views(original)
+    pool = reference_margins(views, outputs(original, fit), None)
+    reference = {"held": outputs(original, held), "fresh": outputs(original, fresh)}
+    candidates = [("weights (numpy, per channel, float compute)", weights_rounded(original))]
+    for pipeline in pipelines:
+        model, report = onnxslim_kit.optimize(source, pipeline, calib=calib)
+        candidates.append((pipeline, model, report.passes[-1].metrics.get("layers_int8")))
+    rows = []
+    for label, model, *layers in candidates:
+        got = {"held": outputs(model, held), "fresh": outputs(model, fresh)}
+        row = {"candidate": label, "layers_int8": layers[0] if layers else None}
+        for part, ref, out in (("held", reference["held"], got["held"]),
+                               ("bench", reference["fresh"][:BENCH_LINES], got["fresh"][:BENCH_LINES]),
+                               ("fresh", reference["fresh"], got["fresh"])):
+            verdict = judge(views, ref, out, Target.parse("cos:0.99"), None, None, pool if part == "held" else None)
+            row[part] = ctc_score(verdict)
+        row["truth"] = row["fresh"]["observed"]
+        rows.append(row)
+        print(f"  {label}: held {row['held']['agreement']:.3f} (counted {row['held']['observed']:.3f}), "
+              f"truth {row['truth']:.3f} on {len(fresh)}", flush=True)
+    return {"model": name, "calib": n_calib, "held": len(held), "fresh": len(fresh), "pool": len(fit), "rows": rows}
+
+
+def markdown(result: dict, command: str, started: str) -> str:
+    lines = [f"# CTC string agreement: estimate vs many lines — {started}", "", f"`{command}`", "",
+             f"Model {result['model']}: {result['calib']} calibration lines (the pass fits "
+             f"{result['calib'] - result['held']}, judges {result['held']} held out; the estimate pools the "
+             f"margins of {result['pool']} fit lines), {result['fresh']} fresh evaluation lines (seeds 11…). "
+             "Agreement = min(counted, estimate), as the report and `bench` print it; truth = the counted share "
+             "on all fresh lines.", "",
+             "| candidate | int8 layers | held-out: counted / agreement | bench (32 fresh): counted / agreement |"
+             " truth (all fresh) | agreement − truth (held-out) |", "|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        lines.append(f"| `{row['candidate']}` | {row['layers_int8'] if row['layers_int8'] is not None else '—'} | "
+                     f"{row['held']['observed']:.3f} / {row['held']['agreement']:.3f} | "
+                     f"{row['bench']['observed']:.3f} / {row['bench']['agreement']:.3f} | {row['truth']:.3f} | "
+                     f"{row['held']['agreement'] - row['truth']:+.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="ddddocr")
+    parser.add_argument("--calib", type=int, default=128)
+    parser.add_argument("--fresh", type=int, default=256)
+    parser.add_argument("--pipelines", nargs="*", default=PIPELINES)
+    parser.add_argument("--name", default=f"ctc-estimate-{datetime.now(timezone.utc):%Y-%m-%d}")
+    args = parser.parse_args(argv)
+    started = datetime.now(timezone.utc).isoformat(timespec="minutes")
+    command = "python benchmarks/measure_ctc_estimate.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    result = measure(args.model, args.pipelines, args.calib, args.fresh)
+    out = HERE / "results" / args.name
+    out.with_suffix(".json").write_text(json.dumps({"command": command, "started": started, **result}, indent=1))
+    out.with_suffix(".md").write_text(markdown(result, command, started))
+    print(f"wrote {out}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
