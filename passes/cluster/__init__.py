@@ -142,7 +142,7 @@ from onnxslim_kit.passes.cluster.maths.share import (
     half_codebook,
     nearest_labels,
     row_scales,
-    shared_codebook,
+    shared_codebooks,
     stack_key,
 )
 from onnxslim_kit.passes._common.blas import blas_threads
@@ -389,16 +389,19 @@ class ClusterPass(Pass):
                 item.share = stack_key(item.graph, item.values, item.axis, item)
                 groups.setdefault(item.share, []).append(item)
                 item.drop_pages()
-        books = {}
-        for level in sizes:
-            books[level] = {}
-            for key, members in (groups.items() if level is not ROWS else ()):
-                parts = [(m.values, m.scales, m.axis) for m in members if not at_most_distinct(m.values, level)]
-                if parts:  # assigned against the stored (rounded) centroids: decoding is exact
-                    books[level][key] = half_codebook(shared_codebook(parts, level, opts["keep_zero"]),
-                                                      stream.NODE_BYTES)
-                for member in members:
-                    member.drop_pages()
+        books = {level: {} for level in sizes}
+        for key, members in groups.items():
+            fitted = {}  # the members not at a level's exact limit → those levels: fitted together
+            for level in sizes:
+                parts = tuple(m for m in members if level is not ROWS and not at_most_distinct(m.values, level))
+                if parts:
+                    fitted.setdefault(parts, []).append(level)
+            for parts, levels in fitted.items():
+                found = shared_codebooks([(m.values, m.scales, m.axis) for m in parts], levels, opts["keep_zero"])
+                for level, codebook in zip(levels, found):  # assigned against the stored (rounded) centroids
+                    books[level][key] = half_codebook(codebook, stream.NODE_BYTES)
+            for member in members:
+                member.drop_pages()
         return books
 
     @staticmethod

@@ -56,43 +56,71 @@ def kmeans_1d(values, k: int, keep_zero: bool = True, seed: int = 0, max_iter: i
               labels: bool = True) -> tuple:
     """Cluster the 1-D array ``values`` into at most ``k`` centroids: ``(codebook, labels)``;
     ``weights`` (same size, positive) weight each value's squared error; ``labels=False``:
-    ``(codebook, None)``, the codebook alone."""
+    ``(codebook, None)``, the codebook alone (:func:`codebooks_1d`)."""
+    if not labels:
+        return codebooks_1d(values, [k], keep_zero, seed, max_iter, weights)[0], None
     values = np.asarray(values).ravel()
     weights = None if weights is None else np.asarray(weights, np.float64).ravel()
     if at_most_distinct(values, k):
         distinct = np.unique(values)
-        return distinct.copy(), np.searchsorted(distinct, values).astype(np.int64) if labels else None
+        return distinct.copy(), np.searchsorted(distinct, values).astype(np.int64)
     zero = values == 0
     if keep_zero and zero.any():
         nonzero = ~zero
         centroids, inner = kmeans_1d(values[nonzero], k - 1, False, seed, max_iter,
-                                     None if weights is None else weights[nonzero], labels)
+                                     None if weights is None else weights[nonzero])
         codebook = np.concatenate([np.zeros(1, values.dtype), centroids])
         order = np.argsort(codebook, kind="stable")  # sorted, as nearest() needs
-        if not labels:
-            return codebook[order], None
         assigned = np.zeros(values.size, np.int64)
         assigned[nonzero] = inner + 1
         return codebook[order], np.argsort(order)[assigned]
-    codebook = _fit(values, k, seed, max_iter, weights)
-    return codebook, nearest(codebook.astype(np.float64), values.astype(np.float64)) if labels else None
+    codebook = _fit(_prepare(values, weights), k, seed, max_iter, values.dtype)
+    return codebook, nearest(codebook.astype(np.float64), values.astype(np.float64))
 
 
-def _fit(values: np.ndarray, k: int, seed: int, max_iter: int, weights) -> np.ndarray:
-    """The ``k`` centroids (in ``values``' dtype, sorted) of more than ``k`` distinct values:
-    on the sorted values, or on their sketch (:func:`sketch`) above :data:`SKETCH_ABOVE`."""
-    rng = np.random.default_rng(seed)
+def codebooks_1d(values, ks, keep_zero: bool = True, seed: int = 0, max_iter: int = 100, weights=None) -> list:
+    """The codebook of :func:`kmeans_1d` for every ``k`` of ``ks`` (no labels), the values
+    prepared once for all of them: zeros set apart, sorted or sketched (:func:`_prepare`)."""
+    values = np.asarray(values).ravel()
+    weights = None if weights is None else np.asarray(weights, np.float64).ravel()
+    zero = values == 0 if keep_zero else None
+    kept = zero is not None and bool(zero.any())
+    fitted, fitted_weights = values, weights
+    if kept:
+        fitted = values[~zero]
+        fitted_weights = None if weights is None else weights[~zero]
+    prepared, books = None, []
+    for k in ks:
+        if at_most_distinct(values, k):
+            books.append(np.unique(values))
+            continue
+        inner = k - 1 if kept else k
+        if kept and at_most_distinct(fitted, inner):
+            centroids = np.unique(fitted)
+        else:
+            prepared = prepared or _prepare(fitted, fitted_weights)
+            centroids = _fit(prepared, inner, seed, max_iter, values.dtype)
+        books.append(np.sort(np.concatenate([np.zeros(1, values.dtype), centroids])) if kept else centroids)
+    return books
+
+
+def _prepare(values: np.ndarray, weights) -> tuple:
+    """``(points, masses, k-means++ candidates, least Lloyd steps)`` of more than ``k`` distinct
+    values: the sorted values, or their sketch (:func:`sketch`) above :data:`SKETCH_ABOVE`."""
     if values.size > SKETCH_ABOVE:
         points, mass = sketch(values, weights)
-        init = _quantile_sample(points, mass, INIT_SAMPLE)
-        max_iter = max(max_iter, SKETCH_ITER)  # a step on the sketch costs O(k log B), not O(N)
-    else:
-        data = values.astype(np.float64)
-        order = np.argsort(data, kind="stable")
-        points = init = data[order]
-        mass = np.ones(values.size) if weights is None else weights[order]
-    centroids = np.sort(_kmeans_pp(init, k, rng))
-    return _lloyd(points, mass, centroids, max_iter).astype(values.dtype)
+        return points, mass, _quantile_sample(points, mass, INIT_SAMPLE), SKETCH_ITER  # a step costs O(k log B)
+    data = values.astype(np.float64)
+    order = np.argsort(data, kind="stable")
+    points = data[order]
+    return points, np.ones(values.size) if weights is None else weights[order], points, 0
+
+
+def _fit(prepared: tuple, k: int, seed: int, max_iter: int, dtype) -> np.ndarray:
+    """The ``k`` centroids (in ``dtype``, sorted) of :func:`_prepare`'d values."""
+    points, mass, init, least = prepared
+    centroids = np.sort(_kmeans_pp(init, k, np.random.default_rng(seed)))
+    return _lloyd(points, mass, centroids, max(max_iter, least)).astype(dtype)
 
 
 def sketch(values: np.ndarray, weights=None) -> tuple:

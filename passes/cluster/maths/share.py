@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxslim_kit.passes.cluster.maths.kmeans import kmeans_1d, nearest
+from onnxslim_kit.passes.cluster.maths.kmeans import codebooks_1d, nearest
 
 HALF_MIN, HALF_MAX = float(np.finfo(np.float16).tiny), float(np.finfo(np.float16).max)
 SHARE_BELOW = 32768  # elements: 16 KB of 4-bit labels, to which an own decoder (~0.5 KB) adds ≤ 3 %
@@ -69,16 +69,16 @@ def stack_key(graph, weight: np.ndarray, axis: int, owner=None) -> tuple:
     return id(graph), weight.dtype.str, axis, rest
 
 
-def shared_codebook(parts: list, k: int, keep_zero: bool) -> np.ndarray:
-    """Sorted codebook of at most ``k`` values for the normalised rows of every ``(weight,
-    scales, axis)`` in ``parts`` (weighted k-means, weights ``s_c²``)."""
+def shared_codebooks(parts: list, ks: list, keep_zero: bool) -> list:
+    """Sorted codebooks of at most ``k`` values, one per ``k`` of ``ks``, for the normalised rows
+    of every ``(weight, scales, axis)`` in ``parts`` (weighted k-means, weights ``s_c²``; the
+    rows normalised, and sketched, once: :func:`.kmeans.codebooks_1d`)."""
     values, weights = [], []
     for weight, scales, axis in parts:
         rows = as_rows(weight, axis)
         values.append((rows / scales[:, None]).ravel())
         weights.append(np.repeat(scales.astype(np.float64) ** 2, rows.shape[1]))
-    codebook, _ = kmeans_1d(np.concatenate(values), k, keep_zero, weights=np.concatenate(weights), labels=False)
-    return codebook
+    return codebooks_1d(np.concatenate(values), ks, keep_zero, weights=np.concatenate(weights))
 
 
 def half_codebook(codebook: np.ndarray, node_bytes: int) -> np.ndarray:

@@ -45,6 +45,19 @@ def test_sketch_keeps_zero_and_the_exact_limit(rng, monkeypatch):
     np.testing.assert_array_equal(book[lab], few)  # at most k distinct: stored exactly
 
 
+def test_codebooks_for_several_k_are_kmeans_ones(rng, monkeypatch):
+    values = rng.standard_normal(30_000).astype(np.float32)
+    values[::7] = 0.0
+    weights = rng.uniform(0.5, 2.0, values.size)
+    few = rng.choice([0.0, 0.5, -1.5], 3000).astype(np.float32)  # 3 distinct, a zero among them
+    for above in (kmeans.SKETCH_ABOVE, 1000):  # sorted values, then a sketch
+        monkeypatch.setattr(kmeans, "SKETCH_ABOVE", above)
+        for data, w, keep in ((values, weights, True), (values, None, False), (few, None, True)):
+            got = kmeans.codebooks_1d(data, [16, 3, 256], keep, weights=w)
+            for k, book in zip([16, 3, 256], got):
+                np.testing.assert_array_equal(book, kmeans.kmeans_1d(data, k, keep, weights=w)[0])
+
+
 def test_the_exact_limit_probe_agrees_with_a_full_count(rng):
     few = rng.choice(rng.standard_normal(6), 100_000)
     assert kmeans.at_most_distinct(few, 6) and not kmeans.at_most_distinct(few, 5)
