@@ -1,6 +1,6 @@
 """Large-layer work of ``cluster``: blocked GPTQ (:mod:`.maths.gptq`), its factor shared by a
 layer's levels, Gram matrices a group at a time (:mod:`onnxslim_kit.passes.cluster.grams`),
-one-byte labels (:class:`.maths.encode.Clustered`)."""
+one-byte labels (:class:`.maths.encode.Clustered`), the pages of a weight's file map dropped."""
 
 import numpy as np
 import onnx
@@ -73,3 +73,18 @@ def test_labels_are_held_in_one_byte():
     c = Clustered(np.arange(16, dtype=np.float32), np.arange(32, dtype=np.int64).reshape(4, 8) % 16, None, False)
     assert c.labels.dtype == np.uint8
     np.testing.assert_array_equal(c.decoded(), (np.arange(32).reshape(4, 8) % 16).astype(np.float32))
+
+
+def test_an_item_drops_the_pages_of_the_map_its_values_view(tmp_path, monkeypatch):
+    import onnxslim_kit.passes.cluster as cluster_pass
+    mapped = np.memmap(tmp_path / "w.bin", np.float32, "w+", shape=(4, 8))
+    mapped[:] = 1.0
+    mapped = np.memmap(tmp_path / "w.bin", np.float32, "r", shape=(4, 8))
+    weight = gs.Constant("w", mapped)
+    node = gs.Node("MatMul", inputs=[gs.Variable("x"), weight], outputs=[gs.Variable("y")])
+    item = cluster_pass.Item(None, node, 1, np.asarray(weight.values), 1, mapped=weight.values)
+    weight.values = np.memmap(tmp_path / "w.bin", np.float32, "r", shape=(4, 8))  # an export maps it anew
+    released = []
+    monkeypatch.setattr(cluster_pass, "release_pages", released.append)
+    item.drop_pages()
+    assert released and np.shares_memory(released[0], item.values)
