@@ -219,7 +219,7 @@ def reference_margins(views: Views, reference: list, runtime: list | None) -> di
         layout = ctc_layout([out.get(view.output) for out in reference]) if view.ctc else None
         if layout is not None:
             pool[view.name] = [string_margins(seq, seq, layout[1])[0] for out in reference
-                               for seq in sequences(out[view.output], layout[0])]
+                               for seq in sequences(out[view.output], layout[0], _softmax_valued(view))]
             continue
         if view.kind != "probs":
             continue
@@ -309,7 +309,8 @@ def _score_strings(view: View, reference: list, candidate: list, layout: tuple, 
             continue
         cos, rel = _float_drift(ref, np.asarray(got))
         cosines.append(cos), rels.append(rel)
-        for ref_seq, got_seq in zip(sequences(ref, axis), sequences(got, axis)):
+        probs = _softmax_valued(view)
+        for ref_seq, got_seq in zip(sequences(ref, axis, probs), sequences(got, axis, probs)):
             same = decode(np.argmax(ref_seq, axis=1), blank) == decode(np.argmax(got_seq, axis=1), blank)
             agree, total = agree + int(same), total + 1
             margin, shift = string_margins(ref_seq, got_seq, blank)
@@ -323,6 +324,11 @@ def _score_strings(view: View, reference: list, candidate: list, layout: tuple, 
         score.margin_shift, score.min_margin = float(shifts.max()), float(margins.min())
         score.agreement = min(score.agreement, estimated_string_agreement(strings + list(pool), margins, shifts))
     return score
+
+
+def _softmax_valued(view: View) -> bool:
+    """Whether the view's values are probabilities (a Softmax's), not raw logits."""
+    return view.kind == "probs" and not view.logits
 
 
 def _float_drift(ref: np.ndarray, got: np.ndarray) -> tuple:

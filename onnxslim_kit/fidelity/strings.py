@@ -8,8 +8,9 @@ blank and the character beside it), and ddddocr holds per-step margins as small 
 by cosine, int8 read 0.994 while 3 of 32 lines read differently. So the decision is the string.
 
 **Which outputs.** :mod:`.views` marks the candidates (``View.ctc``): an output named
-``logits`` without a token mask, and an unnamed output produced by a ``Gemm`` / ``MatMul``
-with a constant weight (+ a constant bias), through layout ops only. The data decide
+``logits`` without a token mask, an unnamed output produced by a ``Gemm`` / ``MatMul``
+with a constant weight (+ a constant bias), through layout ops only, and a 3-D ``Softmax``
+output over its last axis (margins then read from its log-probabilities). The data decide
 (:func:`ctc_layout`, on the original's outputs): every one is 3-D with at least
 :data:`MIN_CLASSES` classes, sequences of at least :data:`MIN_STEPS` steps (median), and one
 class — the blank — wins at least :data:`BLANK_SHARE` of all steps. A language model's or a
@@ -47,6 +48,8 @@ Exact outputs give d = 0 everywhere and the estimate is 1 (the lossless limit).
 from __future__ import annotations
 
 import numpy as np
+
+from .margins import log_probs
 
 MIN_CLASSES = 8  # fewer classes: keypoint or box coordinates, not a character set
 MIN_STEPS = 4  # median steps per sequence
@@ -89,9 +92,11 @@ def batch_axis(arrays: list) -> int:
     return 0
 
 
-def sequences(array: np.ndarray, axis: int) -> list:
-    """The ``[T, C]`` sequences of a 3-D output with its batch on ``axis``, as float64."""
-    array = np.asarray(array, np.float64)
+def sequences(array: np.ndarray, axis: int, probs: bool = False) -> list:
+    """The ``[T, C]`` sequences of a 3-D output with its batch on ``axis``, as float64;
+    ``probs``: Softmax values, taken as log-probabilities (:func:`.margins.log_probs`: their
+    differences are the logits')."""
+    array = log_probs(array) if probs else np.asarray(array, np.float64)
     return [array[i] if axis == 0 else array[:, i] for i in range(array.shape[axis])]
 
 

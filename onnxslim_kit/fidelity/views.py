@@ -19,12 +19,13 @@ lose their detections while the output's cosine reads 0.9995. The views:
    with no Softmax or Sigmoid behind it) is a ``probs`` view of raw logits: the arg-max over its last
    axis, per position of the others (masked like a leaf), margins read from the logits as they
    are. Without it a classifier exported without its Softmax was judged by its cosine alone.
-   **CTC sequences** — such a ``logits`` output without a token mask, and an unnamed output
+   **CTC sequences** — such a ``logits`` output without a token mask, an unnamed output
    that a ``Gemm`` / ``MatMul`` with a constant weight (+ constant bias) projects to classes
-   (ddddocr's ``[T, 1, 8210]``, named ``387``), may be a recognizer's frame logits: where the
+   (ddddocr's ``[T, 1, 8210]``, named ``387``), and a 3-D ``Softmax`` output over its last axis
+   without a token mask (PP-OCRv4 rec's ``[N, T, 6625]``) may be a recognizer's frames: where the
    original's outputs read as CTC (3-D, one class — the blank — winning most steps), the
    decision is each sequence's greedy-decoded string (:mod:`.strings`); elsewhere they are
-   judged as before (arg-max rows for ``logits``, values for the unnamed ones).
+   judged as before (arg-max rows for ``logits`` and Softmax outputs, values for the unnamed ones).
 3. **exact** — integer and boolean outputs (``ArgMax``, ``TopK`` indices, masks) must agree
    element by element.
 4. **padding masked** — an output whose first two axes are a graph input's that is an integer
@@ -177,7 +178,8 @@ def _output_views(out, producers: dict, constants: dict, opset: int, mask: str |
         rank = len(out.type.tensor_type.shape.dim)
         if kind == "probs" and (axis is None or rank < 3 or axis % rank != rank - 1):
             mask = None  # a softmax over the masked axes, or not the last one: rows need every position
-        return [View(out.name, kind, axis=axis if kind == "probs" else None, mask=mask)], None
+        ctc = kind == "probs" and rank == 3 and axis is not None and axis % rank == 2 and mask is None
+        return [View(out.name, kind, axis=axis if kind == "probs" else None, mask=mask, ctc=ctc)], None
     if len(kinds) > 1:
         return [View(out.name, kind, branch=kind) for kind in kinds], tail
     # one kind behind layout ops: masked as a leaf would be (a softmax's rows need labels)

@@ -153,3 +153,27 @@ def test_the_fit_samples_pool_bounds_the_string_agreement():
     score = lambda v: next(s for s in v.scores if s.view == "out387")  # noqa: E731
     assert score(alone).observed == score(pooled).observed == 1.0
     assert score(alone).agreement == 1.0 and score(pooled).agreement == pytest.approx(0.5)
+
+
+SOFTMAX_REC = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 12, 10] x) => (float[1, 12, 10] probs) {
+    probs = Softmax <axis = 2> (x)
+}
+"""
+
+
+def test_a_softmax_over_the_classes_of_a_3d_output_is_judged_by_its_strings():
+    model = onnx.parser.parse_model(SOFTMAX_REC)
+    (view,) = find_views(model)
+    assert view.kind == "probs" and view.ctc and not view.logits
+    ref = _logits(PATH)
+    ref[6, 4] = 7.9
+    got = ref.copy()
+    got[1, 3] = 9.0  # a boundary row flips: the string holds
+    softmax = lambda z: (np.exp(z - z.max(1, keepdims=True)) / np.exp(z - z.max(1, keepdims=True)).sum(1, keepdims=True))[None].astype(np.float32)  # noqa: E731
+    fid = Fidelity.build(model, "cos:0.99", [{}], reference=[{"probs": softmax(ref)}])
+    (score,) = fid.judge([{"probs": softmax(got)}]).scores
+    assert score.kind == "ctc" and score.observed == 1.0
+    # margins read from the log-probabilities: the logits' differences
+    assert score.min_margin == pytest.approx(0.1, abs=1e-4)
