@@ -162,11 +162,13 @@ def _decoded(scratch: ScratchArrays, clustered):
 def choose(proto, items: list, rank_samples: list, fid, levels: list, proxy: bool = False) -> tuple:
     """``(levels, verdict, trials)``: one level per item, from its ladder (:func:`ladder` over
     ``levels``, cheapest first, :data:`FLOAT` last), holding ``fid.met`` if any configuration
-    does. ``items`` have ``name`` (the initializer), ``values`` and ``levels`` (``{level:
-    Clustered}``); ``rank_samples``: fit samples for the per-layer damages; ``proxy``: the
+    does. ``items`` have ``name`` (the initializer), ``values``, ``levels`` (``{level:
+    Clustered}``) and ``drop_pages()``; ``rank_samples``: fit samples for the per-layer damages; ``proxy``: the
     damages of the items with input ``rows`` may come from the proxy of a large model
     (:mod:`onnxslim_kit.passes.cluster.damage`)."""
     ladders = [ladder(it, levels) for it in items]
+    for item in items:  # the exact-limit probe of :func:`ladder` read a value on every page of the weight
+        item.drop_pages()
     weight_bytes = sum(int(it.values.nbytes) for it in items)
     runs = sum(len(steps) - 1 for steps in ladders) * len(rank_samples)
     proxied = proxy and runs * weight_bytes > MEASURE_BYTES
