@@ -17,10 +17,11 @@ with ``4 R k < 8 k²`` (fewer rows than twice its width: issue 16's decoder, 4 s
 tokens, 128 rows against widths 1536 and 6144) holds its rows in float32 and forms ``H`` when
 GPTQ asks for it (:attr:`Gram.normalized_gram`, one GEMM) — or, with ``R`` at most a quarter of
 ``k``, never: GPTQ's factor then comes from the rows in low-rank form (:meth:`Gram.factor`,
-:func:`.maths.gptq.lowrank_factor`: ``O(k R²)`` instead of ``O(k³)``, no ``k × k`` array). ``R`` per layer comes from one probe
-run of the first sample (:func:`probe_rows`); the groups are then sized by what each layer
-holds, ``min(8k², 4Rk)`` — all of that decoder's 145 layers in one group, one streamed pass over
-the samples instead of one per group (36 at 128 MB a group: a 6144-wide ``H`` is 302 MB alone).
+:func:`.maths.gptq.lowrank_factor`: ``O(k R²)`` instead of ``O(k³)``, no ``k × k`` array). ``R``
+per layer comes from one probe run of the first sample (:func:`probe_rows`); the groups are then
+sized by what each layer holds, ``min(8k², 4Rk)`` — all of that decoder's 145 layers in one
+group, one streamed pass over the samples instead of one per group (36 at 128 MB a group: a
+6144-wide ``H`` is 302 MB alone).
 """
 
 from __future__ import annotations

@@ -205,7 +205,8 @@ def gptq_assign(matrix: np.ndarray, gram: np.ndarray, codebook: np.ndarray, scal
         start, end = i - i % BLOCK, min(i - i % BLOCK + BLOCK, width)
         if i == start:
             inner = sweep.block(wt, start, end)
-        column = wt[i] - inner[:i - start, i - start] @ errors[:i - start] if i > start else wt[i]  # the block's updates so far
+        # the block's updates so far
+        column = wt[i] - inner[:i - start, i - start] @ errors[:i - start] if i > start else wt[i]
         if book.ndim == 2 and columns is not None:
             lab = np.abs(column[:, None] - book[i][None, :]).argmin(axis=1)
             if zero_label is not None and zero_label[i] >= 0:
