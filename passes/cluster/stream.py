@@ -41,7 +41,12 @@ at session creation — 5.4× the float weights, on top of them (the 367 MB 3-la
 output loaded at 2.19 GB peak RSS, ``results/large-model-2026-12-03-s12-small-cluster-a1.md``).
 There the uint8 labels are split per group before the Cast, and a 2-D weight with row scales
 decodes as ``GatherElements(codebook ⊗ scales, Cast<INT32>(Reshape(labels)))`` — no float
-Reshape, no full-size Mul: about 11.5 bytes per label.
+Reshape, no full-size Mul: about 11.5 bytes per label. 8-bit labels go further: no stream, each
+group's labels an initializer of its own (shaped like the weight for that table), so neither a
+Split nor a Reshape copies them: 2 bytes per label fewer (the 3-layer decoder's output, 56.6 M
+labels at k = 256: ORT's load peak 672 → 557 MB, 375 MB once loaded), and the pass builds no
+concatenated copy of them (its labels stay in their scratch file's pages). The byte estimates
+below are the plain layout's (a lean group's own initializer header is not counted).
 
 Byte estimates (:func:`stream_bytes`, :func:`group_bytes`, :func:`member_bytes`,
 :func:`float_bytes`) let the pass
@@ -128,11 +133,16 @@ def encode(model, graph, groups: list) -> list:
         if not chosen:
             continue
         flats = [_flat_labels(g) for g in chosen]
+        lean = model.opset >= 11 and sum(f.size for f in flats) > LEAN_ABOVE
+        if lean and bits == 8:  # no stream: each group's labels are an initializer of their own
+            decoded.update(coder.lean(chosen, [coder.const("labels8", g[0].labels if _table(g) else f)
+                                               for g, f in zip(chosen, flats)]))
+            continue
         pad = sum(f.size for f in flats) % 2 if bits == 4 else 0
         stream = _packed_stream(flats, pad) if bits == 4 else np.concatenate(flats).astype(np.uint8)
         sizes = [f.size for f in flats] + ([1] * pad)
-        if model.opset >= 11 and sum(sizes) > LEAN_ABOVE:
-            decoded.update(coder.lean(chosen, stream, bits, sizes))
+        if lean:
+            decoded.update(coder.lean(chosen, coder.unpacked(stream, sizes)))
             continue
         if bits == 4 and model.opset >= 11:  # unpacked in uint8: a quarter of the bytes to copy at load
             packed = coder.const("labels4", stream)
@@ -172,6 +182,12 @@ def _packed_stream(flats: list, pad: int) -> np.ndarray:
     return packed
 
 
+def _table(members: list) -> bool:
+    """Whether a lean group decodes as :meth:`_Coder.table`: one 2-D weight with row scales."""
+    first = members[0]
+    return len(members) == 1 and not first.per_channel and first.scales is not None and first.labels.ndim == 2
+
+
 def _stacked(members: list, field: str) -> np.ndarray:
     arrays = [getattr(m, field) for m in members]
     if members[0].per_channel and field == "codebook":  # C × k books: rows stack along 0
@@ -205,34 +221,37 @@ class _Coder:
             return self.node("Split", [tensor], len(sizes), axis=axis, split=[int(s) for s in sizes])
         return self.node("Split", [tensor, self.const("sizes", np.array(sizes, np.int64))], len(sizes), axis=axis)
 
-    def lean(self, groups: list, stream: np.ndarray, bits: int, sizes: list) -> dict:
+    def lean(self, groups: list, chunks: list) -> dict:
         """A large stream's decoders, ``{id(group): tensors}``, with fewer full-size
-        intermediates for ONNX Runtime's folding (module docstring): the uint8 labels split
-        per group, then per group ``Cast<INT32>`` of its own labels — shaped like the weight
-        first for a 2-D weight of one member with row scales, which then decodes in one
-        ``GatherElements`` from the ``k × C`` table ``codebook ⊗ scales`` (built by a Mul of
-        two small tensors) along the non-channel axis; any other group as before."""
-        labels = self.const(f"labels{bits}", stream)
-        if bits == 4:
-            lo = self.node("Mod", [labels, self.const("sixteen", np.array(16, np.uint8))])
-            hi = self.node("BitShift", [labels, self.const("four", np.array(4, np.uint8))], direction="RIGHT")
-            labels = self.node("Concat", [lo, hi], axis=0)
-        chunks = self.split(labels, sizes, 0) if len(sizes) > 1 else [labels]
+        intermediates for ONNX Runtime's folding (module docstring): ``chunks``, each group's
+        uint8 labels (8-bit: an initializer each, shaped like the weight for a table; 4-bit:
+        :meth:`unpacked`), then per group ``Cast<INT32>`` of its own labels — for a 2-D weight
+        of one member with row scales (:func:`_table`) one ``GatherElements`` from the ``k × C``
+        table ``codebook ⊗ scales`` (built by a Mul of two small tensors) along the non-channel
+        axis; any other group as before."""
         out = {}
         for group, chunk in zip(groups, chunks):
-            first = group[0]
-            if len(group) == 1 and not first.per_channel and first.scales is not None and first.labels.ndim == 2:
-                out[id(group)] = [self.table(first, chunk)]
+            if _table(group):
+                out[id(group)] = [self.table(group[0], chunk)]
             else:
                 out[id(group)] = self.group(group, self.node("Cast", [chunk], to=onnx.TensorProto.INT32))
         return out
+
+    def unpacked(self, stream: np.ndarray, sizes: list) -> list:
+        """The 4-bit ``stream``'s uint8 labels (unpacked by Mod / BitShift / Concat), split per group."""
+        labels = self.const("labels4", stream)
+        lo = self.node("Mod", [labels, self.const("sixteen", np.array(16, np.uint8))])
+        hi = self.node("BitShift", [labels, self.const("four", np.array(4, np.uint8))], direction="RIGHT")
+        labels = self.node("Concat", [lo, hi], axis=0)
+        return self.split(labels, sizes, 0) if len(sizes) > 1 else [labels]
 
     def table(self, member, chunk):
         """``GatherElements(codebook ⊗ scales, labels, axis = the non-channel axis)``: ``W[i, j] =
         s_j · book[L[i, j]]`` (axis 1 the channels; the transposed table when axis 0), the same
         float32 products as Gather-then-Mul."""
         axis = member.axis % 2
-        shaped = self.node("Reshape", [chunk, self.const("shape", np.array(member.labels.shape, np.int64))])
+        shaped = chunk if isinstance(chunk, gs.Constant) and tuple(chunk.shape) == member.labels.shape else (
+            self.node("Reshape", [chunk, self.const("shape", np.array(member.labels.shape, np.int64))]))
         index = self.node("Cast", [shaped], to=onnx.TensorProto.INT32)
         book = self.const("codebook", member.codebook)
         if member.dtype is not None:

@@ -214,5 +214,8 @@ def test_the_lean_decoder_of_a_large_stream_decodes_the_same_weights(rng, monkey
             lean, _ = _run(model, spec, samples)
         ops = {n.op_type for n in lean.graph.node}
         assert "GatherElements" in ops and plain.SerializeToString() != lean.SerializeToString()
+        if spec == "cluster(k=32,target=none)":  # 8-bit: each weight's labels an initializer, shaped, no Split
+            labels = [t for t in lean.graph.initializer if t.name.startswith("cluster/labels8")]
+            assert [list(t.dims) for t in labels] == [[256, 256]] * 3 and "Split" not in ops
         for opt in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
             np.testing.assert_array_equal(_outputs(lean, samples[0], opt), _outputs(plain, samples[0], opt))
