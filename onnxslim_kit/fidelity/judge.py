@@ -299,7 +299,7 @@ def _score_strings(view: View, reference: list, candidate: list, layout: tuple, 
     agreement over the sequences' decoded strings, bounded by the strings' margin estimate
     over the judged sequences and the fit samples' (``pool``)."""
     axis, blank = layout
-    score = ViewScore(view.name, "ctc")
+    score, probs = ViewScore(view.name, "ctc"), _softmax_valued(view)
     cosines, rels, agree, total, strings, shifts = [], [], 0, 0, [], []
     for ref_out, got_out in zip(reference, candidate):
         ref, got = np.asarray(ref_out[view.output]), got_out.get(view.output)
@@ -309,7 +309,6 @@ def _score_strings(view: View, reference: list, candidate: list, layout: tuple, 
             continue
         cos, rel = _float_drift(ref, np.asarray(got))
         cosines.append(cos), rels.append(rel)
-        probs = _softmax_valued(view)
         for ref_seq, got_seq in zip(sequences(ref, axis, probs), sequences(got, axis, probs)):
             same = decode(np.argmax(ref_seq, axis=1), blank) == decode(np.argmax(got_seq, axis=1), blank)
             agree, total = agree + int(same), total + 1
