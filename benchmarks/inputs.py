@@ -17,6 +17,8 @@ ppocrv4_det    rendered page 480×640, BGR, (x/255−0.5)/0.5, NCHW (sides multi
 ppocrv4_rec    rendered text line → height 48, width ≤ 320 by aspect, zero-padded to 320,
                BGR, (x/255−0.5)/0.5; label = the rendered string (charset: model metadata)
 ppocr_cls_v2   text line → 3×48×192 the same way; label 0 (upright) / 1 (rotated 180°)
+captcha_crnn   (captcha-whisperer's CRNN) a 4-character code drawn by the captcha package at
+               160×60, BGR, 0…255, CHW; label = the code; decoding: blank 36, time-major
 ddddocr        (a CTC recognizer ending in raw logits) a line of 4–8 characters → grayscale, height 64,
                width by aspect, (x/255−0.5)/0.5, edge-padded to 448; label = the string
                (charset: the 8210-entry table in ddddocr 1.5.6's ``__init__.py``)
@@ -64,7 +66,7 @@ import render
 import tasks
 
 MODELS = ["ppocrv4_det", "ppocrv4_rec", "ppocr_cls_v2", "orientation", "silero_vad", "mtcnn_pnet", "mtcnn_onet",
-          "minilm_l6", "yolov8n_coco", "yolov8n_doclaynet", "picodet_layout", "ddddocr"]
+          "minilm_l6", "yolov8n_coco", "yolov8n_doclaynet", "picodet_layout", "ddddocr", "captcha_crnn"]
 DET_SIZE = (480, 640)  # H, W
 REC_SHAPE = (48, 320)
 CLS_SHAPE = (48, 192)
@@ -220,6 +222,50 @@ def _ddddocr(name, path, split, n, seed):
         gray = np.pad(gray, ((0, 0), (0, DDDDOCR_WIDTH - width)), mode="edge")
         samples.append({"input1": ((gray - 0.5) / 0.5)[None, None].astype(np.float32)})
         labels.append(text)
+    return samples, labels
+
+
+CAPTCHA_LABELS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # captcha-whisperer's classes; the blank is 36
+
+
+class _SeededSecrets:
+    """The three ``secrets`` calls ``captcha.image`` draws with, from a seeded generator: the
+    package draws with ``secrets`` (unseedable), and benchmark inputs must be reproducible."""
+
+    def __init__(self, seed: int):
+        import random
+
+        self._random = random.Random(seed)
+
+    def randbelow(self, n: int) -> int:
+        return self._random.randrange(n)
+
+    def randbits(self, k: int) -> int:
+        return self._random.getrandbits(k)
+
+    def choice(self, items):
+        return self._random.choice(items)
+
+
+def _captcha(name, path, split, n, seed):
+    """Four-character codes drawn by the ``captcha`` package's ``ImageCaptcha`` at 160×60 (the
+    package example's length), prepared as captcha-whisperer 0.1.0 does: RGB → BGR, values kept
+    in 0…255, CHW. Label: the code."""
+    try:
+        import captcha.image as drawing
+    except ImportError as exc:
+        raise SystemExit("captcha_crnn's inputs need the captcha package: pip install captcha==0.7.1") from exc
+    rng, draw, real = rng_for(name, split, seed), drawing.ImageCaptcha(width=160, height=60), drawing.secrets
+    samples, labels = [], []
+    try:
+        for _ in range(n):
+            text = "".join(rng.choice(list(CAPTCHA_LABELS), size=4))
+            drawing.secrets = _SeededSecrets(int(rng.integers(2**31)))
+            rgb = np.asarray(draw.generate_image(text).convert("RGB").resize((160, 60), Image.BILINEAR), np.float32)
+            samples.append({"image": np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))[None]})
+            labels.append(text)
+    finally:
+        drawing.secrets = real
     return samples, labels
 
 
@@ -498,7 +544,8 @@ def picodet_tensor(rgb: np.ndarray) -> np.ndarray:
 
 BUILDERS = {"ppocrv4_det": _det, "ppocrv4_rec": _rec, "ppocr_cls_v2": _cls, "orientation": _orientation,
             "silero_vad": _vad, "mtcnn_pnet": _pnet, "mtcnn_onet": _onet, "minilm_l6": _minilm,
-            "yolov8n_coco": _photos, "yolov8n_doclaynet": _pages, "picodet_layout": _pages, "ddddocr": _ddddocr}
+            "yolov8n_coco": _photos, "yolov8n_doclaynet": _pages, "picodet_layout": _pages, "ddddocr": _ddddocr,
+            "captcha_crnn": _captcha}
 
 
 def _metric(name: str, path: Path, labels):
@@ -508,6 +555,9 @@ def _metric(name: str, path: Path, labels):
         return tasks.recognition_metric(labels, charset(path), "softmax_11.tmp_0")
     if name == "ddddocr":  # its own decoding: arg-max per step of [T, 1, C], repeats merged, blank 0 dropped
         return tasks.recognition_metric(labels, ddddocr_charset(), "387", time_major=True)
+    if name == "captcha_crnn":  # its own decoding: [T, N, 37], the blank last
+        return tasks.recognition_metric(labels, list(CAPTCHA_LABELS), "logits", time_major=True,
+                                        blank=len(CAPTCHA_LABELS))
     if name == "ppocr_cls_v2":
         return tasks.classification_metric(labels, "save_infer_model/scale_0.tmp_1", task="0/180 accuracy")
     if name == "orientation":

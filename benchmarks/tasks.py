@@ -50,14 +50,14 @@ def decision_metric(task: str, decide, labels: list, extra=None):
 
 # --- recognition (CTC) -------------------------------------------------------------------
 
-def ctc_decode(probs: np.ndarray, charset: list) -> list:
-    """Greedy CTC: argmax per step, merge repeats, drop blank (index 0), strip the spaces
+def ctc_decode(probs: np.ndarray, charset: list, blank: int = 0) -> list:
+    """Greedy CTC: argmax per step, merge repeats, drop ``blank``, strip the spaces
     the padding decodes to. probs: [N, T, C]."""
     texts = []
     for row in np.argmax(probs, axis=-1):
         keep = np.ones(len(row), bool)
         keep[1:] = row[1:] != row[:-1]
-        keep &= row != 0
+        keep &= row != blank
         texts.append("".join(charset[i] for i in row[keep] if i < len(charset)).strip())
     return texts
 
@@ -76,14 +76,15 @@ def char_accuracy(pred: str, truth: str) -> float:
     return max(0.0, 1.0 - edit_distance(pred, truth) / max(1, len(truth)))
 
 
-def recognition_metric(labels: list, charset: list, name: str, index: int = 0, time_major: bool = False):
+def recognition_metric(labels: list, charset: list, name: str, index: int = 0, time_major: bool = False,
+                       blank: int = 0):
     """Exact string accuracy (CTC-decoded vs the rendered string) and character accuracy;
     ``time_major``: the output is ``[T, N, C]`` (ddddocr), not ``[N, T, C]``."""
     def texts(outputs):
         def lines(o):
             values = output(o, name, index)
             return np.swapaxes(values, 0, 1) if time_major else values
-        return [t for o in outputs for t in ctc_decode(lines(o), charset)]
+        return [t for o in outputs for t in ctc_decode(lines(o), charset, blank)]
 
     def extra(got):
         return {"char_accuracy": _mean(char_accuracy(p, t) for p, t in zip(got, labels))}

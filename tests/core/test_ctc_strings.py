@@ -135,6 +135,20 @@ def test_a_shift_is_paired_with_margins_of_its_own_size():
     assert estimated_string_agreement(strings, margins, shaky) < 0.9
 
 
+def test_only_a_margin_the_candidate_closes_can_flip():
+    ref = _logits(PATH)
+    ref[6, 4] = 7.9  # a close rival
+    wider = ref.copy()
+    wider[6, 4] = 7.0  # the close rival falls back: that margin widens by 0.9
+    margin, shift = string_margins(ref, wider, BLANK)
+    assert shift.min() == pytest.approx(-0.9, abs=1e-6) and shift.max() == 0.0
+    closer = ref.copy()
+    closer[6, 4] = 7.95
+    assert string_margins(ref, closer, BLANK)[1].max() == pytest.approx(0.05, abs=1e-6)
+    strings = [margin, margin]
+    assert estimated_string_agreement(strings, margin, -np.abs(shift) - 1.0) == 1.0  # every margin widened
+
+
 def test_the_fit_samples_pool_bounds_the_string_agreement():
     model = onnx.parser.parse_model(RECOGNIZER)
     ref = _logits(PATH)

@@ -34,7 +34,7 @@ def _no_pip(*args, **kwargs):
 def test_registry_matches_real_models_tsv():
     assert set(MODELS) == {"ppocrv4_det", "ppocrv4_rec", "ppocr_cls_v2", "orientation",
                            "silero_vad", "mtcnn_pnet", "mtcnn_onet", "yolov8n_coco", "yolov8n_doclaynet",
-                           "picodet_layout", "ddddocr"}
+                           "picodet_layout", "ddddocr", "captcha_crnn"}
     for m in MODELS.values():
         assert m.member.endswith(".onnx") and len(m.sha256) == 64 and "==" in m.requirement
         assert m.sdist == m.name.startswith("mtcnn_")

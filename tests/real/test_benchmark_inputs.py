@@ -23,7 +23,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 # far below what it gets, far above chance — they catch wrong preprocessing or labels.
 MIN_ORIGINAL_SCORE = {"ppocrv4_rec": 0.5, "ppocr_cls_v2": 0.75, "orientation": 0.75, "silero_vad": 0.6,
                       "mtcnn_onet": 0.75, "minilm_l6": 0.75, "ppocrv4_det": 0.5,
-                      "yolov8n_coco": 0.75, "yolov8n_doclaynet": 0.6, "picodet_layout": 0.5, "ddddocr": 0.4}
+                      "yolov8n_coco": 0.75, "yolov8n_doclaynet": 0.6, "picodet_layout": 0.5, "ddddocr": 0.4,
+                      "captcha_crnn": 0.4}
 DETECTORS = ["yolov8n_coco", "yolov8n_doclaynet", "picodet_layout"]
 
 
@@ -62,7 +63,8 @@ def _model_or_skip(inputs, name):
 
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name", ["ppocrv4_det", "ppocrv4_rec", "ppocr_cls_v2", "orientation", "silero_vad",
-                                  "mtcnn_pnet", "mtcnn_onet", "minilm_l6", *DETECTORS, "ddddocr"])
+                                  "mtcnn_pnet", "mtcnn_onet", "minilm_l6", *DETECTORS, "ddddocr",
+                                  "captcha_crnn"])
 def test_inputs_fit_the_model_and_the_task(bench_modules, name):
     import onnx
 
