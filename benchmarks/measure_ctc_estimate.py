@@ -9,10 +9,11 @@ and shifts, pooled with the margins of the fit lines. This script puts the two b
 truth: the share of strings kept on ``--fresh`` lines the candidate never saw (fresh draws of
 the evaluation stream, seeds 11, 12, …, 64 lines each).
 
-Candidates, each judged against the original (plain ORT, CPU, 1 thread):
+Candidates, each judged against the original (ORT, CPU, 1 thread, optimizations on: int8
+candidates run on the fused kernels):
 
-* ``weights``: every Conv / Gemm weight rounded to int8 per output channel (symmetric, scale
-  max|w| / 127), compute in float — the mildest rung of ``int8``'s ladder, made in numpy here;
+* ``weights``: every Conv / Gemm weight rounded to int8's per-output-channel grid (symmetric,
+  scale max|w| / 127), compute in float — the mildest rung of ``int8``'s ladder, made in numpy here;
 * each ``--pipelines`` entry, written by ``onnxslim_kit.optimize`` with the ``--calib`` lines
   (seed 0, as ``measure_fidelity.py`` does).
 
@@ -43,6 +44,7 @@ import onnxslim_kit  # noqa: E402
 from onnxslim_kit.fidelity import Target, find_views, judge  # noqa: E402
 from onnxslim_kit.fidelity.context import MAX_POOL_SAMPLES, held_out, held_out_of  # noqa: E402
 from onnxslim_kit.fidelity.judge import reference_margins  # noqa: E402
+from onnxslim_kit.passes._quant.qdq import quantize_weight, weight_scales  # noqa: E402
 from onnxslim_kit.runtime import make_session, run  # noqa: E402
 from onnxslim_kit.zoo import fetch  # noqa: E402
 
@@ -53,20 +55,25 @@ BENCH_LINES = 32
 
 
 def weights_rounded(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy with every Conv / Gemm weight on a symmetric int8 grid per output channel."""
+    """A copy with every Conv / Gemm weight on int8's symmetric per-output-channel grid
+    (``_quant.qdq.weight_scales`` / ``quantize_weight``, codes in ±127), dequantized."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    weights = {node.input[1] for node in model.graph.node if node.op_type in ("Conv", "Gemm")}
+    axes = {node.input[1]: 1 if node.op_type == "Gemm" and not any(a.name == "transB" and a.i for a in node.attribute)
+            else 0 for node in model.graph.node if node.op_type in ("Conv", "Gemm")}
     for init in model.graph.initializer:
-        if init.name in weights:
-            w = numpy_helper.to_array(init)
-            scale = np.abs(w).reshape(w.shape[0], -1).max(axis=1) / 127.0
-            scale = np.maximum(scale, 1e-30).reshape((-1,) + (1,) * (w.ndim - 1))
-            init.CopyFrom(numpy_helper.from_array((np.round(w / scale) * scale).astype(w.dtype), init.name))
+        if init.name in axes:
+            w, axis = numpy_helper.to_array(init), axes[init.name]
+            scales = weight_scales(w, axis)
+            shape = [-1 if i == axis else 1 for i in range(w.ndim)]
+            rounded = quantize_weight(w, scales, axis).astype(np.float32) * scales.reshape(shape)
+            init.CopyFrom(numpy_helper.from_array(rounded.astype(w.dtype), init.name))
     return model
 
 
 def outputs(model, samples: list) -> list:
-    session = make_session(model, threads=1)
+    """Each sample's outputs, ORT's optimizations on: an int8 candidate runs on the fused int8
+    kernels, as deployed (at ``disable`` its Q/DQ graph would run as float emulation)."""
+    session = make_session(model, "all", threads=1)
     return [run(session, sample) for sample in samples]
 
 

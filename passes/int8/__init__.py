@@ -555,10 +555,13 @@ class Int8Pass(Pass):
             return {n: float(ranker.score_session(session, extra={**off, g: np.array(True)}))
                     for n, g in ctx.progress(gates.items(), desc="int8 sensitivity", total=len(gates))}
 
+        ranking = []  # ranked once: a second search (on the kernels' verdict) reuses it
+
         def search(allowed: float) -> tuple:
             with search_scope():
                 return choose_fallback(names, build, scorer, allowed, rungs, ctx.progress, ctx.log, local, ranker,
-                                       refine, gated if ctx.options["gated_ranking"] and mode == "e2e" else None)
+                                       refine, gated if ctx.options["gated_ranking"] and mode == "e2e" else None,
+                                       ranking)
 
         chosen, score, _ = search(fid.allowed)
         chosen, score = on_kernels(model, plan, chosen, score, fixed, scorer, fid, result, search)

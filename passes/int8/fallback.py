@@ -539,7 +539,7 @@ def smallest_k(m: int, ok, tight: bool = False) -> int:
 
 def choose_fallback(names: list, build, score, allowed: float, options: dict | None = None,
                     progress=lambda it, **_: it, log=None, local=None, rank_score=None,
-                    refine: int | None = None, gated=None) -> tuple:
+                    refine: int | None = None, gated=None, ranking: list | None = None) -> tuple:
     """The smallest fallback (most sensitive layers first, deepest first) that uses at most
     ``allowed`` of the budget.
 
@@ -557,7 +557,7 @@ def choose_fallback(names: list, build, score, allowed: float, options: dict | N
 
     Without rungs this is the plain search for the ``k`` most sensitive layers to keep float.
     Returns (``{layer: choice}``, its score — what ``score`` returned, 0.0 when every layer is
-    float —, sensitivities).
+    float —, sensitivities). ``ranking``: kept for a search at another allowance (:mod:`.kernels`).
     """
     rank_score = rank_score or score
     choices = {n: ["int8", *[r for r in (options or {}).get(n, ()) if r != "float"], "float"] for n in names}
@@ -565,7 +565,9 @@ def choose_fallback(names: list, build, score, allowed: float, options: dict | N
     full = score(build({name: "int8" for name in names}), allowed)
     if full <= allowed:
         return {name: "int8" for name in names}, full, {}
-    order, sens = rank_layers(names, lambda name: build({name: "int8"}), rank_score, progress, local, refine, gated)
+    ranking = [] if ranking is None else ranking  # [order, sens]: ranked once, then reused
+    order, sens = ranking[:] = ranking or rank_layers(names, lambda name: build({name: "int8"}), rank_score,
+                                                       progress, local, refine, gated)
     cache = {}
 
     def assign(levels) -> dict:

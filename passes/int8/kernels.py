@@ -15,7 +15,8 @@ the gap the emulation left,
 
     allowed' = allowed − (u_k(c) − u_e(c))          (u_e: the search's own reading)
 
-and its choice is judged on the kernels the same way (all float when allowed' ≤ 0). The result
+and its choice, over the same ranking of the layers, is judged on the kernels the same way (all
+float when allowed' ≤ 0). The result
 and its note carry the kernels' figure. Skipped above
 :data:`.layer_speed.MODEL_CHECK_MAX_BYTES` of layer weights: a whole export beside the model.
 """
@@ -31,7 +32,8 @@ from onnxslim_kit.passes.int8.resident import release
 def on_kernels(model, plan, chosen: dict, score, fixed: dict, scorer, fid, result, search) -> tuple:
     """``(chosen, score)`` of the search (``search(allowed) -> (chosen, score, _)``), judged on
     ORT's int8 kernels and searched once more when they miss ``fid.allowed`` (module docstring)."""
-    if not _int8(chosen, fixed) or layer_weight_bytes(model, plan, _int8(chosen, fixed)) > MODEL_CHECK_MAX_BYTES:
+    int8 = _int8(chosen, fixed)
+    if not int8 or layer_weight_bytes(model, plan, int8) > MODEL_CHECK_MAX_BYTES:
         return chosen, score
     kernels = kernel_score(model, plan, {**chosen, **fixed}, scorer)
     note = f"judged on ORT's int8 kernels: {float(kernels):.0%} of the budget (the search's emulation: {float(score):.0%})"

@@ -489,6 +489,15 @@ def test_choose_fallback_ladder_search():
     # a target every layer in int8 meets: nothing falls back, nothing is ranked
     chosen, value, sens = choose_fallback(list(cost), build, score, 20.0, options)
     assert set(chosen.values()) == {"int8"} and value == pytest.approx(14.9) and sens == {}
+    # a ranking kept from one search serves the next at another allowance: no layer ranked again
+    ranked, builds = [], []
+    first = choose_fallback(list(cost), lambda a: builds.append(a) or build(a), score, 1.5, options, ranking=ranked)
+    singles = sum(len(a) == 1 for a in builds)
+    second = choose_fallback(list(cost), lambda a: builds.append(a) or build(a), score, 0.65, options,
+                             ranking=ranked)
+    assert singles == len(cost) and sum(len(a) == 1 for a in builds) == singles  # ranking builds: one layer each
+    assert first[0] == choose_fallback(list(cost), build, score, 1.5, options)[0]
+    assert second[0] == choose_fallback(list(cost), build, score, 0.65, options)[0]
 
 
 def test_dynamic_rung_adapts_to_each_input_range(tmp_path):
