@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from onnxslim_kit.fidelity.strings import decode
+
 
 def output(sample_outputs: dict, name: str, index: int) -> np.ndarray:
     if name in sample_outputs:
@@ -53,13 +55,8 @@ def decision_metric(task: str, decide, labels: list, extra=None):
 def ctc_decode(probs: np.ndarray, charset: list, blank: int = 0) -> list:
     """Greedy CTC: argmax per step, merge repeats, drop ``blank``, strip the spaces
     the padding decodes to. probs: [N, T, C]."""
-    texts = []
-    for row in np.argmax(probs, axis=-1):
-        keep = np.ones(len(row), bool)
-        keep[1:] = row[1:] != row[:-1]
-        keep &= row != blank
-        texts.append("".join(charset[i] for i in row[keep] if i < len(charset)).strip())
-    return texts
+    return ["".join(charset[i] for i in decode(row, blank) if i < len(charset)).strip()
+            for row in np.argmax(probs, axis=-1)]
 
 
 def edit_distance(a: str, b: str) -> int:
