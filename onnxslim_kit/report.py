@@ -165,7 +165,7 @@ def _view_text(view: dict) -> str:
     if "agreement" in view:
         parts.append(f"agree {view['agreement'] * 100:.1f}%")
     if "margin_shift" in view and "min_margin" in view:
-        parts.append(f"margins moved ≤ {view['margin_shift']:.2g} nats, closest {view['min_margin']:.2g}")
+        parts.append(f"margins closed by ≤ {view['margin_shift']:.2g} nats, closest {view['min_margin']:.2g}")
     where = f" on the {view['masked_by']} positions" if view.get("masked_by") else ""
     return f"{view['view']}{where} {' '.join(parts)} (worst sample {view['worst_sample']})"
 

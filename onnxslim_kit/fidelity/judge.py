@@ -40,7 +40,7 @@ class ViewScore:
     agreement: float | None = None
     worst_sample: int = 0
     observed: float | None = None  # probs: the counted share, before the margin estimate
-    margin_shift: float | None = None  # probs: the largest move of a top-vs-runner-up margin (nats)
+    margin_shift: float | None = None  # probs, ctc: the most a top-vs-runner-up margin was closed (nats)
     min_margin: float | None = None  # probs: the original's smallest such margin on the judged rows
     masked_by: str | None = None  # the mask input whose marked positions alone were judged
 
@@ -285,10 +285,9 @@ def _score_rows(view: View, views: Views, reference: list, candidate: list, runt
         margins, shifts = (np.concatenate(margins), np.concatenate(shifts)) if margins else (np.zeros(0),) * 2
         if view.kind == "probs" and margins.size:
             score.observed = score.agreement
-            score.margin_shift, score.min_margin = float(shifts.max()), float(margins.min())
-            if pool is not None and pool.size:
-                margins = np.concatenate([margins, pool])
-            score.agreement = min(score.agreement, estimated_agreement(margins, shifts))
+            score.margin_shift, score.min_margin = max(float(shifts.max()), 0.0), float(margins.min())
+            rated = np.concatenate([margins, pool]) if pool is not None and pool.size else margins
+            score.agreement = min(score.agreement, estimated_agreement(rated, margins, shifts))
         if not cosines and per_sample_agreement:
             score.worst_sample = int(np.argmin(per_sample_agreement))
     return score

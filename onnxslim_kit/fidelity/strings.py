@@ -32,8 +32,8 @@ whenever C ≥ 5. The step's margin and how far the candidate closed it (logits 
     m_t = ℓ_a − ℓ_{j*},     d_t = m_t − (ℓ̂_a − ℓ̂_{j*})
 
 signed: the step flips iff d_t > m_t, and a margin the candidate widened (d_t < 0) never does.
-(The Softmax views of :mod:`.margins` pair |d|, which counts a widening as a threat: on
-captcha-whisperer's CRNN that read 0.964 of the strings kept where 256 fresh codes kept 0.988,
+(|d| in place of d, as the Softmax views of :mod:`.margins` had it until session 16, counts a
+widening as a threat: on captcha-whisperer's CRNN that read 0.964 of the strings kept where 256 fresh codes kept 0.988,
 the signed form 0.982; on ddddocr 0.815 where 0.910 held, signed 0.903 — full int8 run as ORT's
 Q/DQ emulation; ``benchmarks/results/ctc-estimate-2026-12-07-s15*.md`` has the kernels' figures.)
 
@@ -41,8 +41,9 @@ Q/DQ emulation; ``benchmarks/results/ctc-estimate-2026-12-07-s15*.md`` has the k
 paired with margins of its own size: raw logits move in proportion to how large they are (a
 blank step at 20 nats moves by 10 under int8 where a close step moves by 0.3; on ddddocr's
 full int8 the judged steps' log margins and log shifts correlate at 0.2), so pairing every
-shift with every margin, as the Softmax views do, read 0.38 where 0.91 of the strings held.
-With F(m) the share of the :data:`NEAREST` judged steps whose margins are nearest m (in log)
+shift with every margin (the Softmax views' form until session 16) read 0.38 where 0.91 of the
+strings held.
+With F(m) the share of the :data:`.margins.NEAREST` judged steps whose margins are nearest m (in log)
 that were closed by more than m, a string keeps its reading with probability Π_t (1 − F(m_t)), and
 over the judged strings and those of the fit samples (the original's margins only)
 
@@ -55,12 +56,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .margins import log_probs
+from .margins import log_probs, overturn_rates
 
 MIN_CLASSES = 8  # fewer classes: keypoint or box coordinates, not a character set
 MIN_STEPS = 4  # median steps per sequence
 BLANK_SHARE = 0.5  # the most frequent class wins at least this share of steps: a CTC blank
-NEAREST = 64  # judged steps whose shifts estimate a margin's chance to be overturned
 TOP = 5  # classes looked at per step: a, then at most three harmless ones before a harmful one
 NONE = -1
 
@@ -154,26 +154,14 @@ def string_margins(ref: np.ndarray, got: np.ndarray, blank: int) -> tuple:
 
 def estimated_string_agreement(strings: list, margins: np.ndarray, shifts: np.ndarray) -> float:
     """``mean_s Π_t (1 − F(m_t))`` over ``strings`` (one margin array per sequence), F read from
-    the judged steps' ``margins`` and their ``shifts`` (module docstring); 1.0 when there is
-    nothing to pair."""
-    margins, shifts = np.asarray(margins, np.float64), np.asarray(shifts, np.float64)
-    if shifts.size == 0 or not strings:
+    the judged steps' ``margins`` and their ``shifts`` (:func:`.margins.overturn_rates`); 1.0
+    when there is nothing to pair."""
+    if np.size(shifts) == 0 or not strings:
         return 1.0
-    order = np.argsort(_log(margins), kind="stable")
-    keys, moved = _log(margins)[order], shifts[order]
-    k = min(NEAREST, keys.size)
-    keeps = []
-    for string in strings:
-        string = np.asarray(string, np.float64)
-        if string.size == 0:
-            keeps.append(1.0)
-            continue
-        start = np.clip(np.searchsorted(keys, _log(string)) - k // 2, 0, keys.size - k)
-        near = moved[start[:, None] + np.arange(k)]  # [steps of the string, k]
-        survive = 1.0 - np.mean(near > string[:, None], axis=1)
-        keeps.append(0.0 if np.any(survive <= 0) else float(np.exp(np.sum(np.log(survive)))))
+    steps = [np.asarray(string, np.float64).ravel() for string in strings]
+    survive = 1.0 - overturn_rates(np.concatenate(steps), margins, shifts)
+    keeps, start = [], 0
+    for string in steps:
+        part, start = survive[start:start + string.size], start + string.size
+        keeps.append(0.0 if np.any(part <= 0) else float(np.exp(np.sum(np.log(part)))))
     return float(np.mean(keeps))
-
-
-def _log(values: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(values, 1e-12))

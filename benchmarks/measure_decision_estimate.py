@@ -1,26 +1,28 @@
-"""Does the CTC view's string agreement predict what many more lines show? (issue 18)
+"""Does a decision view's agreement predict what many more samples show? (issue 18)
 
-    python benchmarks/measure_ctc_estimate.py --model ddddocr --calib 128 --fresh 256
+    python benchmarks/measure_decision_estimate.py --model ddddocr --calib 128 --fresh 256
+    python benchmarks/measure_decision_estimate.py --model mtcnn_pnet --calib 128 --fresh 256
 
-A CTC recognizer's decision is the string it reads (``onnxslim_kit/fidelity/strings.py``).
-Counting changed strings on 32 held-out lines cannot tell a change rate of 0 from 1 in 30, so
-the view's agreement is the lower of the counted share and an estimate from the steps' margins
-and shifts, pooled with the margins of the fit lines. This script puts the two beside the
-truth: the share of strings kept on ``--fresh`` lines the candidate never saw (fresh draws of
-the evaluation stream, seeds 11, 12, …, 64 lines each).
+A view's decisions are the strings a CTC recognizer reads (``onnxslim_kit/fidelity/strings.py``)
+or the arg-max of a Softmax / logits output (``onnxslim_kit/fidelity/margins.py``). Counting
+changed decisions on 32 held-out samples cannot tell a change rate of 0 from 1 in 30, so the
+view's agreement is the lower of the counted share and an estimate from the margins and how
+far the candidate closed them, pooled with the margins of the fit samples. This script puts
+the two beside the truth: the share of decisions kept on ``--fresh`` samples the candidate
+never saw (fresh draws of the evaluation stream, seeds 11, 12, …, 64 samples each).
 
 Candidates, each judged against the original (ORT, CPU, 1 thread, optimizations on: int8
 candidates run on the fused kernels):
 
 * ``weights``: every Conv / Gemm weight rounded to int8's per-output-channel grid (symmetric,
   scale max|w| / 127), compute in float — the mildest rung of ``int8``'s ladder, made in numpy here;
-* each ``--pipelines`` entry, written by ``onnxslim_kit.optimize`` with the ``--calib`` lines
+* each ``--pipelines`` entry, written by ``onnxslim_kit.optimize`` with the ``--calib`` samples
   (seed 0, as ``measure_fidelity.py`` does).
 
-Per candidate: the view's counted share and its agreement (the estimate bound) on the held-out
-calibration lines with the fit lines' margins pooled (what the pass is judged by), on the
-first 32 fresh lines without a pool (what ``bench`` reports on an evaluation set), then the
-counted share on all fresh lines.
+Per candidate and decision view (kind ``ctc`` or ``probs``): the counted share and the
+agreement (the estimate bound) on the held-out calibration samples with the fit samples'
+margins pooled (what the pass is judged by), on the first 32 fresh samples without a pool
+(what ``bench`` reports on an evaluation set), then the counted share on all fresh samples.
 Results: ``benchmarks/results/<name>.md`` and ``.json``.
 """
 
@@ -50,8 +52,8 @@ from onnxslim_kit.zoo import fetch  # noqa: E402
 
 PIPELINES = ["fuse,int8(speed=off)", "fuse,int8(speed=off,target=none)",
              "fuse,int8(speed=off,target=none,exclude=op:Gemm)"]
-DRAW = 64  # fresh lines per seed
-BENCH_LINES = 32
+DRAW = 64  # fresh samples per seed
+BENCH_SAMPLES = 32
 
 
 def weights_rounded(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -77,9 +79,13 @@ def outputs(model, samples: list) -> list:
     return [run(session, sample) for sample in samples]
 
 
-def ctc_score(verdict) -> dict:
-    score = next(s for s in verdict.scores if s.kind == "ctc")
-    return {"view": score.view, "observed": score.observed, "agreement": score.agreement}
+DECISIONS = ("ctc", "probs")
+
+
+def decision_scores(verdict) -> dict:
+    """View name → counted share and agreement of every decision view judged by margins."""
+    return {s.view: {"kind": s.kind, "observed": s.observed, "agreement": s.agreement}
+            for s in verdict.scores if s.kind in DECISIONS and s.observed is not None}
 
 
 def measure(name: str, pipelines: list, n_calib: int, n_fresh: int) -> dict:
@@ -100,33 +106,40 @@ def measure(name: str, pipelines: list, n_calib: int, n_fresh: int) -> dict:
     rows = []
     for label, model, *layers in candidates:
         got = {"held": outputs(model, held), "fresh": outputs(model, fresh)}
-        row = {"candidate": label, "layers_int8": layers[0] if layers else None}
+        parts = {}
         for part, ref, out in (("held", reference["held"], got["held"]),
-                               ("bench", reference["fresh"][:BENCH_LINES], got["fresh"][:BENCH_LINES]),
+                               ("bench", reference["fresh"][:BENCH_SAMPLES], got["fresh"][:BENCH_SAMPLES]),
                                ("fresh", reference["fresh"], got["fresh"])):
             verdict = judge(views, ref, out, Target.parse("cos:0.99"), None, None, pool if part == "held" else None)
-            row[part] = ctc_score(verdict)
-        row["truth"] = row["fresh"]["observed"]
-        rows.append(row)
-        print(f"  {label}: held {row['held']['agreement']:.3f} (counted {row['held']['observed']:.3f}), "
-              f"truth {row['truth']:.3f} on {len(fresh)}", flush=True)
+            parts[part] = decision_scores(verdict)
+        for view in parts["fresh"]:
+            row = {"candidate": label, "layers_int8": layers[0] if layers else None, "view": view,
+                   "kind": parts["fresh"][view]["kind"], **{part: parts[part].get(view) for part in parts}}
+            row["truth"] = row["fresh"]["observed"]
+            rows.append(row)
+            judged = row["held"] or {"agreement": float("nan"), "observed": float("nan")}
+            print(f"  {label} {view}: held {judged['agreement']:.3f} (counted {judged['observed']:.3f}), "
+                  f"truth {row['truth']:.3f} on {len(fresh)}", flush=True)
     return {"model": name, "calib": n_calib, "held": len(held), "fresh": len(fresh), "pool": len(fit), "rows": rows}
 
 
 def markdown(result: dict, command: str, started: str) -> str:
-    lines = [f"# CTC string agreement: estimate vs many lines — {started}", "", f"`{command}`", "",
-             f"Model {result['model']}: {result['calib']} calibration lines (the pass fits "
+    lines = [f"# Decision agreement: estimate vs many samples — {started}", "", f"`{command}`", "",
+             f"Model {result['model']}: {result['calib']} calibration samples (the pass fits "
              f"{result['calib'] - result['held']}, judges {result['held']} held out; the estimate pools the "
-             f"margins of {result['pool']} fit lines), {result['fresh']} fresh evaluation lines (seeds 11…). "
+             f"margins of {result['pool']} fit samples), {result['fresh']} fresh evaluation samples (seeds 11…). "
              "Agreement = min(counted, estimate), as the report and `bench` print it; truth = the counted share "
-             "on all fresh lines.", "",
-             "| candidate | int8 layers | held-out: counted / agreement | bench (32 fresh): counted / agreement |"
-             " truth (all fresh) | agreement − truth (held-out) |", "|---|---|---|---|---|---|"]
+             "on all fresh samples (strings for a `ctc` view, arg-max rows for `probs`).", "",
+             "| candidate | int8 layers | view (kind) | held-out: counted / agreement | bench (32 fresh): counted / "
+             "agreement | truth (all fresh) | agreement − truth (held-out) |", "|---|---|---|---|---|---|---|"]
+
+    def pair(part):
+        return f"{part['observed']:.3f} / {part['agreement']:.3f}" if part else "—"
     for row in result["rows"]:
+        gap = f"{row['held']['agreement'] - row['truth']:+.3f}" if row["held"] else "—"
         lines.append(f"| `{row['candidate']}` | {row['layers_int8'] if row['layers_int8'] is not None else '—'} | "
-                     f"{row['held']['observed']:.3f} / {row['held']['agreement']:.3f} | "
-                     f"{row['bench']['observed']:.3f} / {row['bench']['agreement']:.3f} | {row['truth']:.3f} | "
-                     f"{row['held']['agreement'] - row['truth']:+.3f} |")
+                     f"{row['view']} ({row['kind']}) | {pair(row['held'])} | {pair(row['bench'])} | "
+                     f"{row['truth']:.4f} | {gap} |")
     return "\n".join(lines) + "\n"
 
 
@@ -136,10 +149,10 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--calib", type=int, default=128)
     parser.add_argument("--fresh", type=int, default=256)
     parser.add_argument("--pipelines", nargs="*", default=PIPELINES)
-    parser.add_argument("--name", default=f"ctc-estimate-{datetime.now(timezone.utc):%Y-%m-%d}")
+    parser.add_argument("--name", default=f"decision-estimate-{datetime.now(timezone.utc):%Y-%m-%d}")
     args = parser.parse_args(argv)
     started = datetime.now(timezone.utc).isoformat(timespec="minutes")
-    command = "python benchmarks/measure_ctc_estimate.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/measure_decision_estimate.py " + " ".join(sys.argv[1:] if argv is None else argv)
     result = measure(args.model, args.pipelines, args.calib, args.fresh)
     out = HERE / "results" / args.name
     out.with_suffix(".json").write_text(json.dumps({"command": command, "started": started, **result}, indent=1))
