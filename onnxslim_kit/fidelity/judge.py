@@ -21,11 +21,11 @@ the lowest cosine (agreement for decision-only views) in the judged list.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .margins import estimated_agreement, margins_and_shifts
+from .margins import estimated_agreement, margins_and_shifts, reads_as_logits
 from .strings import ctc_layout, decode, estimated_string_agreement, sequences, string_margins
 from .target import Target
 from .views import SCORE_THRESHOLD, View, Views
@@ -216,6 +216,7 @@ def reference_margins(views: Views, reference: list, runtime: list | None) -> di
     view, on ``reference`` (the original's outputs on other samples)."""
     pool = {}
     for view in views:
+        view = _as_logits(view, reference)
         layout = ctc_layout([out.get(view.output) for out in reference]) if view.ctc else None
         if layout is not None:
             pool[view.name] = [string_margins(seq, seq, layout[1])[0] for out in reference
@@ -247,8 +248,19 @@ def _score(view: View, views: Views, reference: list, candidate: list, runtime: 
     layout = ctc_layout([out.get(view.output) for out in reference]) if view.ctc else None
     if layout is not None:
         return _score_strings(view, reference, candidate, layout, pool if isinstance(pool, list) else [])
+    view = _as_logits(view, reference)
     # a CTC pool of the fit samples, while the judged ones do not read as CTC, is no row pool
     return _score_rows(view, views, reference, candidate, runtime, None if isinstance(pool, list) else pool)
+
+
+def _as_logits(view: View, reference: list) -> View:
+    """A projection's ``values`` view (a CTC candidate, :mod:`.views`) as the ``probs`` view of raw
+    logits where the original's outputs read as a classifier's (:func:`.margins.reads_as_logits`)."""
+    if view.kind != "values" or not view.ctc or view.mask is not None:
+        return view
+    if not reads_as_logits([out.get(view.output) for out in reference]):
+        return view
+    return replace(view, kind="probs", axis=-1, logits=True, ctc=False)
 
 
 def _score_rows(view: View, views: Views, reference: list, candidate: list, runtime: list | None,

@@ -57,6 +57,50 @@ import numpy as np
 
 LOG_FLOOR = 1e-30  # probabilities below this count as this (a margin beyond ~69 nats is "sure")
 NEAREST = 64  # judged rows whose closings estimate a margin's chance to be overturned
+PEAKED = 0.5  # median confidence above uniform from which a projection's rows read as logits
+OUTLIER = {3: 6.0}  # classes → median top-vs-rest z from which the top is a winner, not a draw;
+OUTLIER_MANY = 4.0  # 4 or more classes (Gaussian rows, 32 per draw: ≤ 3.41 in 300 draws; C = 3: 5.9)
+
+
+def reads_as_logits(arrays: list) -> bool:
+    """Whether the original's ``[N, C]`` outputs (one per sample) read as a classifier's raw logits.
+
+    An unnamed output that a ``Gemm`` / ``MatMul`` with a constant weight projects (:mod:`.views`)
+    is a torchvision-style classifier exported without its Softmax — or a regression head, or an
+    embedding. Two medians over the rows decide:
+
+    - the confidence above uniform of the row's softmax, ``(p_top − 1/C) / (1 − 1/C)`` ≥
+      :data:`PEAKED`: a regression in small units (MTCNN O-Net's boxes and landmarks: 0.04, 0.03)
+      is spread evenly; ppocr_cls_v2's and the orientation classifier's logits read 1.00 and 0.90;
+    - with three classes or more, the top is an outlier of the rest,
+      ``(z_top − mean(rest)) / std(rest)`` ≥ :data:`OUTLIER_MANY` (6 at C = 3): a projection of
+      features to Gaussian-like values of large spread is peaked too, but its top is the largest of
+      a draw (medians over 32 Gaussian rows: ≤ 3.41 for any C ≥ 4 in 300 draws); the orientation
+      classifier's top stands at 301.
+
+    A regression in large units (pixels) can still read as logits: its arg-max is then judged as
+    well, which is stricter, never laxer."""
+    arrays = [np.asarray(a) for a in arrays if a is not None]
+    if not arrays or any(a.ndim != 2 or a.dtype.kind != "f" or a.shape[-1] < 2 for a in arrays):
+        return False
+    if len({a.shape[-1] for a in arrays}) != 1:
+        return False
+    rows = np.concatenate(arrays).astype(np.float64)
+    rows = rows[np.all(np.isfinite(rows), axis=1)]
+    if rows.size == 0:
+        return False
+    classes = rows.shape[1]
+    top = 1.0 / np.sum(np.exp(rows - rows.max(axis=1, keepdims=True)), axis=1)
+    if np.median((top - 1.0 / classes) / (1.0 - 1.0 / classes)) < PEAKED:
+        return False
+    if classes == 2:
+        return True
+    ordered = -np.sort(-rows, axis=1)
+    rest = ordered[:, 1:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        outlier = (ordered[:, 0] - rest.mean(axis=1)) / rest.std(axis=1)
+    outlier = np.where(np.isnan(outlier), 0.0, outlier)  # a row of equal values: no winner
+    return bool(np.median(outlier) >= OUTLIER.get(classes, OUTLIER_MANY))
 
 
 def log_probs(values: np.ndarray) -> np.ndarray:

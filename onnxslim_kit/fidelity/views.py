@@ -25,7 +25,10 @@ lose their detections while the output's cosine reads 0.9995. The views:
    without a token mask (PP-OCRv4 rec's ``[N, T, 6625]``) may be a recognizer's frames: where the
    original's outputs read as CTC (3-D, one class — the blank — winning most steps), the
    decision is each sequence's greedy-decoded string (:mod:`.strings`); elsewhere they are
-   judged as before (arg-max rows for ``logits`` and Softmax outputs, values for the unnamed ones).
+   judged as before (arg-max rows for ``logits`` and Softmax outputs, values for the unnamed ones),
+   except that an unnamed projection ``[N, C]`` whose rows read as a classifier's raw logits
+   (a peaked softmax: :func:`.margins.reads_as_logits`) is judged as a ``logits`` output is — a
+   torchvision-style classifier exported without its Softmax; regression heads stay values.
 3. **exact** — integer and boolean outputs (``ArgMax``, ``TopK`` indices, masks) must agree
    element by element.
 4. **padding masked** — an output whose first two axes are a graph input's that is an integer
