@@ -19,6 +19,10 @@ candidates run on the fused kernels):
 * each ``--pipelines`` entry, written by ``onnxslim_kit.optimize`` with the ``--calib`` samples
   (seed 0, as ``measure_fidelity.py`` does).
 
+``--without-softmax`` cuts the model's last Softmax off first (the output becomes the raw logits
+before it, as a classifier exported without its Softmax reads): candidates are made from and
+judged against that model.
+
 Per candidate and decision view (kind ``ctc`` or ``probs``): the counted share and the
 agreement (the estimate bound) on the held-out calibration samples with the fit samples'
 margins pooled (what the pass is judged by), on the first 32 fresh samples without a pool
@@ -82,15 +86,37 @@ def outputs(model, samples: list) -> list:
 DECISIONS = ("ctc", "probs")
 
 
-def decision_scores(verdict) -> dict:
-    """View name → counted share and agreement of every decision view judged by margins."""
-    return {s.view: {"kind": s.kind, "observed": s.observed, "agreement": s.agreement}
-            for s in verdict.scores if s.kind in DECISIONS and s.observed is not None}
+def decision_scores(verdict, cut: bool = False) -> dict:
+    """View name → counted share, agreement and worst cosine of every decision view judged by
+    margins (with ``cut``, of every view: the cut output may be judged by its values alone)."""
+    return {s.view: {"kind": s.kind, "observed": s.observed, "agreement": s.agreement, "cosine": s.cosine}
+            for s in verdict.scores if cut or (s.kind in DECISIONS and s.observed is not None)}
 
 
-def measure(name: str, pipelines: list, n_calib: int, n_fresh: int) -> dict:
+def argmax_kept(reference: list, candidate: list, output: str) -> float:
+    """The share of rows (last axis: classes) whose arg-max the candidate keeps."""
+    ref = np.concatenate([np.asarray(r[output]).reshape(-1, np.shape(r[output])[-1]) for r in reference])
+    got = np.concatenate([np.asarray(c[output]).reshape(-1, np.shape(c[output])[-1]) for c in candidate])
+    return float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
+
+
+def without_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its last Softmax removed: what read its probabilities reads its logits."""
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"][-1]
+    model.graph.node.remove(softmax)
+    for node in model.graph.node:
+        node.input[:] = [softmax.input[0] if i == softmax.output[0] else i for i in node.input]
+    for out in model.graph.output:
+        if out.name == softmax.output[0]:
+            out.name = softmax.input[0]
+    return model
+
+
+def measure(name: str, pipelines: list, n_calib: int, n_fresh: int, cut: bool = False) -> dict:
     source = str(fetch(name))
     original = onnx.load(source)
+    if cut:
+        original = without_softmax(original)
     calib = inputs.BUILDERS[name](name, Path(source), "calib", n_calib, 0)[0]
     held = held_out_of(calib)
     fit = [s for i, s in enumerate(calib) if not held_out(i)][:MAX_POOL_SAMPLES]
@@ -101,7 +127,8 @@ def measure(name: str, pipelines: list, n_calib: int, n_fresh: int) -> dict:
     reference = {"held": outputs(original, held), "fresh": outputs(original, fresh)}
     candidates = [("weights (numpy, per channel, float compute)", weights_rounded(original))]
     for pipeline in pipelines:
-        model, report = onnxslim_kit.optimize(source, pipeline, calib=calib)
+        model, report = onnxslim_kit.optimize(onnx.ModelProto.FromString(original.SerializeToString()) if cut
+                                              else source, pipeline, calib=calib)
         candidates.append((pipeline, model, report.passes[-1].metrics.get("layers_int8")))
     rows = []
     for label, model, *layers in candidates:
@@ -111,16 +138,20 @@ def measure(name: str, pipelines: list, n_calib: int, n_fresh: int) -> dict:
                                ("bench", reference["fresh"][:BENCH_SAMPLES], got["fresh"][:BENCH_SAMPLES]),
                                ("fresh", reference["fresh"], got["fresh"])):
             verdict = judge(views, ref, out, Target.parse("cos:0.99"), None, None, pool if part == "held" else None)
-            parts[part] = decision_scores(verdict)
+            parts[part] = decision_scores(verdict, cut)
         for view in parts["fresh"]:
             row = {"candidate": label, "layers_int8": layers[0] if layers else None, "view": view,
                    "kind": parts["fresh"][view]["kind"], **{part: parts[part].get(view) for part in parts}}
             row["truth"] = row["fresh"]["observed"]
+            if row["truth"] is None:  # judged by its values: the arg-max a user reads, counted here
+                row["truth"] = argmax_kept(reference["fresh"], got["fresh"], view)
             rows.append(row)
-            judged = row["held"] or {"agreement": float("nan"), "observed": float("nan")}
-            print(f"  {label} {view}: held {judged['agreement']:.3f} (counted {judged['observed']:.3f}), "
+            judged = {k: v if v is not None else float("nan") for k, v in (row["held"] or {}).items()}
+            print(f"  {label} {view}: held {judged.get('agreement', np.nan):.3f} "
+                  f"(counted {judged.get('observed', np.nan):.3f}, cos {judged.get('cosine', np.nan):.4f}), "
                   f"truth {row['truth']:.3f} on {len(fresh)}", flush=True)
-    return {"model": name, "calib": n_calib, "held": len(held), "fresh": len(fresh), "pool": len(fit), "rows": rows}
+    return {"model": name + (" without its Softmax" if cut else ""), "calib": n_calib, "held": len(held),
+            "fresh": len(fresh), "pool": len(fit), "rows": rows}
 
 
 def markdown(result: dict, command: str, started: str) -> str:
@@ -134,9 +165,11 @@ def markdown(result: dict, command: str, started: str) -> str:
              "agreement | truth (all fresh) | agreement − truth (held-out) |", "|---|---|---|---|---|---|---|"]
 
     def pair(part):
+        if part and part["observed"] is None:
+            return f"cosine {part['cosine']:.4f} only"
         return f"{part['observed']:.3f} / {part['agreement']:.3f}" if part else "—"
     for row in result["rows"]:
-        gap = f"{row['held']['agreement'] - row['truth']:+.3f}" if row["held"] else "—"
+        gap = f"{row['held']['agreement'] - row['truth']:+.3f}" if row["held"] and row["held"]["agreement"] else "—"
         lines.append(f"| `{row['candidate']}` | {row['layers_int8'] if row['layers_int8'] is not None else '—'} | "
                      f"{row['view']} ({row['kind']}) | {pair(row['held'])} | {pair(row['bench'])} | "
                      f"{row['truth']:.4f} | {gap} |")
@@ -149,11 +182,12 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--calib", type=int, default=128)
     parser.add_argument("--fresh", type=int, default=256)
     parser.add_argument("--pipelines", nargs="*", default=PIPELINES)
+    parser.add_argument("--without-softmax", action="store_true", help="cut the last Softmax off first")
     parser.add_argument("--name", default=f"decision-estimate-{datetime.now(timezone.utc):%Y-%m-%d}")
     args = parser.parse_args(argv)
     started = datetime.now(timezone.utc).isoformat(timespec="minutes")
     command = "python benchmarks/measure_decision_estimate.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    result = measure(args.model, args.pipelines, args.calib, args.fresh)
+    result = measure(args.model, args.pipelines, args.calib, args.fresh, args.without_softmax)
     out = HERE / "results" / args.name
     out.with_suffix(".json").write_text(json.dumps({"command": command, "started": started, **result}, indent=1))
     out.with_suffix(".md").write_text(markdown(result, command, started))
