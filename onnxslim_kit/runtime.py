@@ -96,6 +96,8 @@ def give_back() -> None:
 NO_PREPACK = "session.disable_prepacking"  # session config key: "1" = no packed weight copies
 # graph transformers that only trade memory for speed (module docstring): off without pre-packing
 MEMORY_OPTIMIZERS = ("FuseFp16InitializerToFp32NodeTransformer",)
+CONSTANT_FOLDING = "ConstantFolding"  # ORT's transformer computing constant subgraphs at session creation
+DECODERS = ("Gather", "GatherElements")  # table look-ups: a weight decoded from a codebook and labels
 
 
 def session_options(opt_level: str = "disable", threads: int = 0, prepack: bool = True) -> ort.SessionOptions:
@@ -122,6 +124,7 @@ def make_session(
     prepack: bool = True,
     profile: str | None = None,
     extra_nodes: list | None = None,
+    fold: bool = True,
 ) -> ort.InferenceSession:
     """A session for a proto or a file path; ``extra_outputs``: intermediate tensors the
     session also returns (proto only, see :func:`add_outputs`).
@@ -144,7 +147,8 @@ def make_session(
     copies and no :data:`MEMORY_OPTIMIZERS` — for sessions that verify, calibrate or run a few
     samples, never for timing
     (module docstring). ``profile``: a file prefix; ORT profiles the session's runs
-    (``end_profiling`` returns the file).
+    (``end_profiling`` returns the file). ``fold=False``: ORT's constant folding off (weights
+    computed from constants, :func:`weight_decoders`, are computed by each run instead).
     """
     so = session_options(opt_level, threads, prepack)
     so.enable_cpu_mem_arena = arena
@@ -152,13 +156,17 @@ def make_session(
         so.enable_profiling = True
         so.profile_file_prefix = str(profile)
     providers = providers or ["CPUExecutionProvider"]
-    kwargs = {} if prepack else {"disabled_optimizers": list(MEMORY_OPTIMIZERS)}
+    disabled = ([] if prepack else list(MEMORY_OPTIMIZERS)) + ([] if fold else [CONSTANT_FOLDING])
+    kwargs = {"disabled_optimizers": disabled} if disabled else {}
     if isinstance(model, (str, Path)):
         return ort.InferenceSession(str(model), so, providers=providers, **kwargs)
     skeleton, moved, folder = split_weights(model, arrays)
     if extra_outputs:
         add_outputs(skeleton, extra_outputs)
-    if not prepack and _has_float16_weights(skeleton.graph):  # module docstring: Casts of weights
+    # module docstring: Casts of weights; not with decoders unfolded (weight_decoders: ORT's own
+    # order is the lighter one there — issue 16's decoder after fuse,cluster, one run: 1810 MB
+    # peak RSS against 2464 MB in priority order, the same outputs)
+    if not prepack and fold and _has_float16_weights(skeleton.graph):
         defer_sourceless(skeleton.graph)
         so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if extra_nodes:
@@ -207,6 +215,28 @@ def _has_float16_weights(graph: onnx.GraphProto) -> bool:
     """Whether the main graph holds a float16 initializer (priority order pays only there: it
     costs ~10 % time on a float32 model's int8 calibration and changes nothing else)."""
     return any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer)
+
+
+def weight_decoders(graph: onnx.GraphProto) -> int:
+    """Bytes of the initializers that the main graph's ``Gather`` / ``GatherElements`` nodes reading
+    constants only (initializers, ``Constant`` nodes and what other such nodes compute from them)
+    decode: ``cluster``'s decoders, ``codebook[labels]`` — its labels, codebooks and scales.
+    ORT's constant folding turns each decoder into a float initializer at session creation and
+    holds every folded intermediate until it ends — the int32 indices alone are 4 bytes per
+    label (issue 16's 2.75 GB decoder: its ``fuse,cluster`` output verified at 1.39× the model's
+    size); a session with folding off (:func:`make_session`'s ``fold``) decodes each weight when a
+    run reaches it, with the same values (a look-up is exact)."""
+    sizes = {t.name: tensor_nbytes(t) or 0 for t in graph.initializer}
+    sources = {name: (name,) for name in sizes}  # constant tensor -> the initializers it is made of
+    decoded: set = set()
+    for node in graph.node:  # topological order (a committed model's)
+        inputs = [t for t in node.input if t]
+        if (inputs or node.op_type == "Constant") and all(t in sources for t in inputs):
+            made = tuple({name for t in inputs for name in sources[t]})
+            sources.update((t, made) for t in node.output)
+            if node.op_type in DECODERS:
+                decoded.update(made)
+    return sum(sizes[name] for name in decoded)
 
 
 def defer_sourceless(graph: onnx.GraphProto) -> int:
