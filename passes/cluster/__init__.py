@@ -34,8 +34,10 @@ updates a block of columns at a time (:mod:`.maths.gptq`), and labels are held i
 (:class:`.maths.encode.Clustered`). Measured on issue 16's decoder (``fuse,cluster``, 4 calibration
 samples; ``benchmarks/results/large-model-2026-12-07-s15-cluster-summary.md``): 3 layers, 367 MB,
 213 s and 3.84× the model's bytes in peak RSS before, 78 s and 2.02× after, same decisions; 24
-layers, 2.75 GB, killed at 1500 s before, 670 s and 1.39× after — the peak now the pipeline's
-verification, whose ORT folding of the decoders holds int32 indices (:mod:`.stream`).
+layers, 2.75 GB, killed at 1500 s before, 670 s and 1.39× after — the peak then the pipeline's
+verification, whose ORT folding of the decoders held int32 indices (:mod:`.stream`); with the
+decoders verified unfolded (``onnxslim_kit/verify.py``), 477–481 s and 1.17–1.18×, the pass's own peak
+(``results/large-model-2026-12-07-s16-cluster-summary.md``).
 
 Assignment: nearest centroid; or, with calibration data (``data=auto`` and ``--calib`` given,
 or ``data=true``), GPTQ (:mod:`onnxslim_kit.passes.cluster.maths.gptq`) for MatMul / Gemm / Conv (group 1) weights:
