@@ -85,7 +85,14 @@ class Clustered:
         if not self.per_channel:
             book = self.codebook if self.dtype is None else self.codebook.astype(self.dtype)
             values = book[self.labels]
-            return values if self.scales is None else (values * self.scales).astype(book.dtype)
+            if self.scales is None:
+                return values
+            if isinstance(values, np.ndarray) and np.result_type(values, self.scales) == book.dtype and \
+                    np.broadcast_shapes(values.shape, self.scales.shape) == values.shape:
+                # the same product, without its two whole-weight temporaries (a 1536 × 6144
+                # weight: 44 → 27 ms; the choice decodes ~1300 such weights at 24 layers)
+                return np.multiply(values, self.scales, out=values)
+            return (values * self.scales).astype(book.dtype)
         labels = np.moveaxis(self.labels, self.axis, 0)
         rows = np.take_along_axis(self.codebook, labels.reshape(len(labels), -1), axis=1)
         rows = rows if self.dtype is None else rows.astype(self.dtype)

@@ -219,3 +219,21 @@ def test_the_lean_decoder_of_a_large_stream_decodes_the_same_weights(rng, monkey
             assert [list(t.dims) for t in labels] == [[256, 256]] * 3 and "Split" not in ops
         for opt in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
             np.testing.assert_array_equal(_outputs(lean, samples[0], opt), _outputs(plain, samples[0], opt))
+
+
+def test_decoding_in_place_is_the_product_bit_for_bit(rng):
+    """``Clustered.decoded`` scales the looked-up values in place where the product keeps their
+    dtype and shape; bit for bit what ``(values * scales).astype(dtype)`` gives."""
+    from onnxslim_kit.passes.cluster.maths.encode import Clustered
+
+    labels = rng.integers(0, 16, (12, 10)).astype(np.uint8)
+    cases = [(np.float32, None, np.float32, (12, 1)), (np.float16, np.float32, np.float16, (1, 10)),
+             (np.float32, None, np.float64, (12, 1)), (np.float32, None, np.float32, (2, 12, 1))]
+    for book_dtype, dtype, scale_dtype, scale_shape in cases:
+        book = rng.standard_normal(16).astype(book_dtype)
+        scales = rng.random(scale_shape).astype(scale_dtype) + 0.5
+        wide = book if dtype is None else book.astype(dtype)
+        expected = (wide[labels] * scales).astype(wide.dtype)
+        got = Clustered(book, labels, scales, per_channel=False, dtype=dtype).decoded()
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert np.array_equal(got.view(np.uint8), expected.view(np.uint8))
