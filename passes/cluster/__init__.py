@@ -36,7 +36,7 @@ samples; ``benchmarks/results/large-model-2026-12-07-s15-cluster-summary.md``): 
 213 s and 3.84× the model's bytes in peak RSS before, 78 s and 2.02× after, same decisions; 24
 layers, 2.75 GB, killed at 1500 s before, 670 s and 1.39× after — the peak then the pipeline's
 verification, whose ORT folding of the decoders held int32 indices (:mod:`.stream`); with the
-decoders verified unfolded (``onnxslim_kit/verify.py``), 477–481 s and 1.17–1.18×, the pass's own peak
+decoders verified unfolded (``onnxslim_kit/verify.py``), 477–511 s and 1.15–1.18×, the pass's own peak
 (``results/large-model-2026-12-07-s16-cluster-summary.md``).
 
 Assignment: nearest centroid; or, with calibration data (``data=auto`` and ``--calib`` given,
