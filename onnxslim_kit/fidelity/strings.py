@@ -33,9 +33,10 @@ whenever C ≥ 5. The step's margin and how far the candidate closed it (logits 
 
 signed: the step flips iff d_t > m_t, and a margin the candidate widened (d_t < 0) never does.
 (|d| in place of d, as the Softmax views of :mod:`.margins` had it until session 16, counts a
-widening as a threat: on captcha-whisperer's CRNN that read 0.964 of the strings kept where 256 fresh codes kept 0.988,
-the signed form 0.982; on ddddocr 0.815 where 0.910 held, signed 0.903 — full int8 run as ORT's
-Q/DQ emulation; ``benchmarks/results/ctc-estimate-2026-12-07-s15*.md`` has the kernels' figures.)
+widening as a threat: on captcha-whisperer's CRNN that read 0.964 of the strings kept where 256
+fresh codes kept 0.988, the signed form 0.982; on ddddocr 0.815 where 0.910 held, signed 0.903
+— full int8 run as ORT's Q/DQ emulation; ``benchmarks/results/ctc-estimate-2026-12-07-s15*.md``
+has the kernels' figures.)
 
 **Estimated agreement**, the strings' form of :func:`.margins.estimated_agreement`. A shift is
 paired with margins of its own size: raw logits move in proportion to how large they are (a
