@@ -340,6 +340,21 @@ def test_smoothing_moves_outlier_channels_into_the_weights():
     np.testing.assert_allclose(run_ort(equal, feeds)[0], ref, rtol=1e-5, atol=1e-5)
 
 
+def test_a_weight_read_by_layers_of_other_inputs_is_not_smoothed():
+    # an unrolled recurrent cell: one weight, one MatMul per step, each on its own input
+    scale = np.ones(32, np.float32)
+    scale[[3, 17]] = 50.0
+    model = build("h = Mul (x, s)\nh2 = Mul (h, two)\na = MatMul (h, wr)\nb = MatMul (h2, wr)\ny = Add (a, b)",
+                  "float[8, 32] x", {"s": scale, "two": np.float32(2.0), "wr": w(32, 16)})
+    feed = {"x": np.random.default_rng(5).standard_normal((8, 32)).astype(np.float32)}
+    out, rep = quantize(model, "target=none,bias_correction=false")
+    assert rep.rewrites.get("smoothed activation", 0) == 0 and rep.rewrites["MatMul→int8"] == 2
+    weights = [i for i in out.graph.initializer if np.prod(i.dims) == 32 * 16]
+    assert len(weights) == 1  # one shared int8 weight, as in the float model
+    ref = run_ort(model, feed)[0]
+    assert np.abs(run_ort(out, feed)[0] - ref).max() < 0.05 * np.abs(ref).max()
+
+
 @pytest.mark.parametrize(
     "selector, float_names",
     [("last:Conv:1", {"c3"}), ("first:*:2", {"c1", "c2"}), ("name:^c[13]$", {"c1", "c3"}), ("op:Conv", {"c1", "c2", "c3"})],
