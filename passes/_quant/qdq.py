@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxslim_kit.passes._common.constants import merge_equal_constants
 from onnxslim_kit.passes._common.graph import consumers, new_constant
 from onnxslim_kit.passes._quant.dynamic import dynamic_matmul, unsigned_weight
 from onnxslim_kit.passes._quant.hardswish import quantize_hard_activations
@@ -380,31 +381,8 @@ def apply_plan(model, plan, enabled: set, result=None, fallback=None) -> int:
             result.rewrite(f"{node.op}→int8")
     quantize_hard_activations(model, graph, result)  # step 4: hard-swish between Q points, in int8 kernels
     gather_then_dequantize(graph)
-    share_equal_codes(graph)
+    merge_equal_constants(graph, {}, lambda t: t.name.startswith("int8/"))  # a weight read by several layers
     return len(chosen)
-
-
-def share_equal_codes(graph: gs.Graph) -> int:
-    """Let equal int8 constants (weight codes, their scales and zero points) be one constant.
-
-    A float weight that several layers read (an unrolled LSTM reads each of its weights in every
-    step) is encoded once per layer, into equal arrays; kept apart, the int8 file holds a copy
-    per reader, and ORT's QGemm reads a different copy at every step (captcha-whisperer's CRNN:
-    80 copies of 4 weights). Returns the number of constants replaced."""
-    import hashlib
-
-    first, replaced = {}, 0
-    for node in graph.nodes:
-        for i, tensor in enumerate(node.inputs):
-            values = getattr(tensor, "values", None) if isinstance(tensor, gs.Constant) else None
-            if not isinstance(values, np.ndarray) or not tensor.name.startswith("int8/"):
-                continue
-            key = (values.dtype.str, values.shape, hashlib.sha256(np.ascontiguousarray(values).data).digest())
-            kept = first.setdefault(key, tensor)
-            if kept is not tensor:
-                node.inputs[i] = kept
-                replaced += 1
-    return replaced
 
 
 def _off_static(model, plan, spec, node, tensors, fallback, result) -> gs.Node:

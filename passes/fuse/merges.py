@@ -17,24 +17,17 @@ or an If/Loop/Scan body); ``run`` is the pass run's
     ``j``-th position of the final tensor that is not in ``b`` (the intermediate's axes keep
     their order between the new dims).
 5.  **Duplicate constants** (rule 5 of :mod:`.const_fold`, which lists it): constants read by
-    nodes of one graph with the same element type, shape and bytes become one. Candidates are
-    grouped by (type, shape); in a group of two or more each is hashed (BLAKE2b, 128 bits) and
-    a digest seen before is confirmed byte for byte. Both read the bytes in 1 MiB pieces
-    (:func:`onnxslim_kit.streaming.value_chunks`): a weight left on disk through a buffer, from
-    its file, never mapped and never loaded into the constant — on a 480 MB decoder the
-    check had kept every weight's pages mapped (+0.95× the model in RSS at fuse's peak).
+    nodes of one graph with the same element type, shape and bytes become one
+    (:mod:`onnxslim_kit.passes._common.constants`: grouped by type and shape, hashed in pieces,
+    confirmed byte for byte).
 """
 
 from __future__ import annotations
 
-import hashlib
-from itertools import zip_longest
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxslim_kit.streaming import value_chunks
-from onnxslim_kit.passes._common.shapes import elem_type
+from onnxslim_kit.passes._common.constants import merge_equal_constants
 
 from onnxslim_kit.passes._common.graph import is_graph_output, is_onnx_op, new_constant
 from onnxslim_kit.passes.fuse.rule_helpers import (
@@ -168,66 +161,7 @@ def merge_unsqueezes(graph, run) -> int:
 
 # --- 5: duplicate constants -------------------------------------------------------------------
 
-def _token(tensor) -> object:
-    """What a digest of ``tensor`` stays valid for: its file's tensor while it is a weight left
-    on disk (read or not), else its values object (passes assign new arrays, never edit one)."""
-    values = tensor._values
-    for attribute in ("_slim_source", "tensor"):  # a map's file tensor; lazy values' tensor
-        source = getattr(values, attribute, None)
-        if source is not None:
-            return source
-    return values
-
-
-def constant_digest(tensor, cache: dict) -> bytes | None:
-    """BLAKE2b-128 of the constant's bytes, read in pieces (module docstring, 5); None when
-    its bytes cannot be read without converting them. ``cache``: id(constant) → (token, digest)."""
-    token = _token(tensor)
-    hit = cache.get(id(tensor))
-    if hit is not None and hit[0] is token:
-        return hit[1]
-    chunks = value_chunks(tensor._values)
-    if chunks is None:
-        return None
-    digest = hashlib.blake2b(digest_size=16)
-    for piece in chunks:
-        digest.update(piece)
-    cache[id(tensor)] = (token, digest.digest())
-    return cache[id(tensor)][1]
-
-
-def same_bytes(a, b) -> bool:
-    """Whether constants ``a`` and ``b`` hold the same bytes, compared piece by piece."""
-    first, second = value_chunks(a._values), value_chunks(b._values)
-    if first is None or second is None:
-        return False
-    return all(x is not None and y is not None and x == y for x, y in zip_longest(first, second))
-
-
 def merge_duplicate_constants(graph, run) -> int:
-    by_type = {}
-    for node in graph.nodes:
-        for tensor in node.inputs:
-            if isinstance(tensor, gs.Constant):
-                group = by_type.setdefault((elem_type(tensor), tuple(tensor.shape)), [])
-                if not any(t is tensor for t in group):
-                    group.append(tensor)
-    replace = {}
-    for group in by_type.values():
-        if len(group) < 2:
-            continue
-        kept = {}
-        for tensor in group:
-            digest = constant_digest(tensor, run.digests)
-            if digest is None:
-                continue
-            first = kept.setdefault(digest, tensor)
-            if first is not tensor and same_bytes(first, tensor):
-                replace[id(tensor)] = first
-    if not replace:
-        return 0
-    for node in graph.nodes:
-        for i, tensor in enumerate(node.inputs):
-            if id(tensor) in replace and isinstance(tensor, gs.Constant):
-                node.inputs[i] = replace[id(tensor)]
-    return len(replace)
+    """Rule 5 (module docstring): :func:`~onnxslim_kit.passes._common.constants.merge_equal_constants`
+    with the run's digest cache."""
+    return merge_equal_constants(graph, run.digests)
