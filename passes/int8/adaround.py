@@ -46,6 +46,11 @@ channels in blocks of ``BLOCK`` weights (independent problems; the temporaries s
 with BLAS capped at one thread (same seed → same bytes). 2-D Conv,
 MatMul and Gemm only; other layers keep the nearest codes, with the counted reason.
 
+A weight that several MatMul / Gemm layers read on the same grid (an unrolled LSTM's steps, each
+on its own input) is one problem: ``G = Σ_readers G_r`` (each reader's rows drawn as above),
+one set of codes for all of them (:func:`shared`), so the weight stays one int8 constant and
+is learned once, not once per step.
+
 The result is handed to :mod:`onnxslim_kit.passes._quant.qdq` as ``plan.encodings``: the same
 encoding tuple as the nearest one (scales, zero point, bias), only the weight codes changed.
 """
@@ -53,7 +58,7 @@ encoding tuple as the nearest one (scales, zero point, bias), only the weight co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -89,10 +94,13 @@ class Target:
     qmax: int
     shape: tuple          # the weight's shape
     geometry: object = None
+    weight: str = ""      # the weight tensor's name
+    readers: list = field(default_factory=list)  # the layers rounded with these codes: this one, and
+    # the MatMul / Gemm layers of other inputs that read the same weight on the same grid (:func:`shared`)
 
     @property
-    def input_name(self) -> str:
-        return self.node.inputs[0].name
+    def input_names(self) -> list:
+        return [node.inputs[0].name for node in self.readers or [self.node]]
 
     @property
     def gram_bytes(self) -> int:
@@ -154,8 +162,29 @@ def targets(model, plan, result) -> list:
             shape[axis] = -1
         t = np.clip(w.astype(np.float64) / np.asarray(scales, np.float64).reshape(shape), -qmax, qmax)
         found.append(Target(spec.name, node, "conv" if spec.op == "Conv" else "matmul",
-                            _as_groups(t, node, spec), codes, qmax, w.shape))
-    return found
+                            _as_groups(t, node, spec), codes, qmax, w.shape,
+                            weight=node.inputs[spec.weight_index].name))
+    return shared(found)
+
+
+def shared(found: list) -> list:
+    """``found`` with the MatMul / Gemm layers that read one weight on one grid (equal ``W / s``
+    and nearest codes: an unrolled RNN's steps) as one target, its ``readers`` all of them. One
+    set of codes serves them all, learned on the sum of their Gram matrices — the loss
+    ``Σ_readers ‖(W − W̃) X_r‖²`` — so the rounded weight stays one constant (per-reader codes
+    would store a copy per step) and is learned once instead of once per step."""
+    out, first = [], {}
+    for target in found:
+        key = (target.kind, target.weight)
+        lead = first.get(key) if target.kind == "matmul" else None
+        if lead is not None and lead.qmax == target.qmax and np.array_equal(lead.t, target.t) \
+                and np.array_equal(lead.nearest, target.nearest):
+            lead.readers.append(target.node)
+            continue
+        first.setdefault(key, target)
+        target.readers = [target.node]
+        out.append(target)
+    return out
 
 
 def _chunks(found: list, budget: int) -> list:
@@ -173,22 +202,27 @@ def grams(model, chunk: list, samples: list, rng) -> dict:
     """``{target name: G}`` (``(groups, K, K)`` float64) from one run over ``samples``."""
     per_sample = max(1, -(-ROWS // max(1, len(samples))))
     out = {}
-    names = sorted({t.input_name for t in chunk})
+    names = sorted({name for t in chunk for name in t.input_names})
     for acts in activations(model, names, samples):
         for target in chunk:
-            x = acts[target.input_name]
-            groups, _, k = target.t.shape
-            if target.kind == "conv":
-                if target.geometry is None:
-                    target.geometry = conv_geometry(target.node, x.shape)
-                rows = conv_rows(x, target.geometry, rng, per_sample)[0]
-            else:
-                rows = matmul_rows(x, k, rng, per_sample)[0]
-            r = rows.astype(np.float64).reshape(len(rows), groups, k)
-            g = np.einsum("rgi,rgj->gij", r, r) if groups > 1 else (r[:, 0].T @ r[:, 0])[None]
-            out[target.name] = g if target.name not in out else out[target.name] + g
+            for name in target.input_names:  # a shared weight: the sum of its readers' Gram matrices
+                g = _gram(target, acts[name], rng, per_sample)
+                out[target.name] = g if target.name not in out else out[target.name] + g
         acts.clear()
     return out
+
+
+def _gram(target, x: np.ndarray, rng, per_sample: int) -> np.ndarray:
+    """``Σ_rows x xᵀ`` per group, ``(groups, K, K)`` float64, of rows drawn from one layer input."""
+    groups, _, k = target.t.shape
+    if target.kind == "conv":
+        if target.geometry is None:
+            target.geometry = conv_geometry(target.node, x.shape)
+        rows = conv_rows(x, target.geometry, rng, per_sample)[0]
+    else:
+        rows = matmul_rows(x, k, rng, per_sample)[0]
+    r = rows.astype(np.float64).reshape(len(rows), groups, k)
+    return np.einsum("rgi,rgj->gij", r, r) if groups > 1 else (r[:, 0].T @ r[:, 0])[None]
 
 
 def _errors(delta: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -321,7 +355,8 @@ def adaround(model, plan, samples: list, result, seed: int = 0, iters: int = ITE
                 err_near += near
                 err_ada += ratio * near
                 changed += n
-                learned[target.name] = _from_groups(codes, target.shape, specs[target.name])
+                for reader in target.readers:
+                    learned[reader.name] = _from_groups(codes, target.shape, specs[reader.name])
     result.metrics["adaround_layers"] = len(learned)
     result.metrics["adaround_channels"] = changed
     result.metrics["adaround_error_ratio"] = round(err_ada / err_near, 4) if err_near > 0 else 1.0

@@ -161,3 +161,24 @@ def test_learn_guard_per_channel():
     assert np.all(err(codes) <= err(nearest) + 1e-12)
     assert np.all((codes == np.floor(t)) | (codes == np.ceil(t)))
     assert ratio <= 1.0 and 0 <= changed <= 6
+
+
+def test_a_weight_read_by_several_steps_is_learned_once_and_stays_shared():
+    """An unrolled recurrent cell reads one weight in every step, each on its own input: the
+    steps get one set of learned codes (one int8 constant, as the float model has one
+    weight), fitted to all steps' inputs together — never worse than nearest on their sum."""
+    wr, step = w(32, 16, rng=RNG), RNG.uniform(0.1, 3.0, 32).astype(np.float32)  # the second step's inputs differ
+    model = build("h2 = Mul (x, step)\na = MatMul (x, wr)\nb = MatMul (h2, wr)\ny = Add (a, b)", "float[16, 32] x",
+                  {"step": step, "wr": wr})
+    near, learned, entry = both(model)
+    assert len(learned) == 2
+    (a_codes, a_scale, _), (b_codes, b_scale, _) = learned.values()
+    assert np.array_equal(a_codes, b_codes) and np.array_equal(a_scale, b_scale)
+    out, _ = quantize(model, "target=none,bias_correction=false,smooth=0,rounding=adaround", samples=SAMPLES)
+    assert len([i for i in out.graph.initializer if np.prod(i.dims) == 32 * 16]) == 1
+    assert entry.metrics["adaround_layers"] == 2 and entry.metrics["adaround_error_ratio"] < 1
+    (n_codes, n_scale, _), _ = near.values()
+    x = np.concatenate([s["x"].reshape(-1, 32) for s in fit_samples(model)]).astype(np.float64)
+    rows = np.concatenate([x, x * step])  # both steps' inputs
+    error = lambda codes: np.sum((rows @ (dequantized(codes, n_scale, 1) - wr)) ** 2)  # noqa: E731
+    assert error(a_codes) < error(n_codes)
