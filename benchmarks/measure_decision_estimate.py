@@ -26,8 +26,9 @@ judged against that model.
 Per candidate and decision view (kind ``ctc`` or ``probs``): the counted share and the
 agreement (the estimate bound) on the held-out calibration samples with the fit samples'
 margins pooled (what the pass is judged by), on the first 32 fresh samples without a pool
-(what ``bench`` reports on an evaluation set), then the counted share on all fresh samples.
-Results: ``benchmarks/results/<name>.md`` and ``.json``.
+(what ``bench`` reports on an evaluation set), then the counted share on all fresh samples;
+and the share of the candidate's MACs that ORT runs in int8 kernels (``onnxslim_kit.executed``
+on its optimized graph, at the first fresh sample's shapes). Results: ``benchmarks/results/<name>.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ sys.path.insert(0, str(HERE))
 
 import inputs  # noqa: E402
 import onnxslim_kit  # noqa: E402
+from onnxslim_kit.executed import executed_summary  # noqa: E402
 from onnxslim_kit.fidelity import Target, find_views, judge  # noqa: E402
 from onnxslim_kit.fidelity.context import MAX_POOL_SAMPLES, held_out, held_out_of  # noqa: E402
 from onnxslim_kit.fidelity.judge import reference_margins  # noqa: E402
@@ -132,6 +134,7 @@ def measure(name: str, pipelines: list, n_calib: int, n_fresh: int, cut: bool = 
         candidates.append((pipeline, model, report.passes[-1].metrics.get("layers_int8")))
     rows = []
     for label, model, *layers in candidates:
+        macs = executed_summary(model, fresh[0]).get("int8_mac_share")
         got = {"held": outputs(model, held), "fresh": outputs(model, fresh)}
         parts = {}
         for part, ref, out in (("held", reference["held"], got["held"]),
@@ -140,7 +143,7 @@ def measure(name: str, pipelines: list, n_calib: int, n_fresh: int, cut: bool = 
             verdict = judge(views, ref, out, Target.parse("cos:0.99"), None, None, pool if part == "held" else None)
             parts[part] = decision_scores(verdict, cut)
         for view in parts["fresh"]:
-            row = {"candidate": label, "layers_int8": layers[0] if layers else None, "view": view,
+            row = {"candidate": label, "layers_int8": layers[0] if layers else None, "int8_mac_share": macs, "view": view,
                    "kind": parts["fresh"][view]["kind"], **{part: parts[part].get(view) for part in parts}}
             row["truth"] = row["fresh"]["observed"]
             if row["truth"] is None:  # judged by its values: the arg-max a user reads, counted here
@@ -161,8 +164,8 @@ def markdown(result: dict, command: str, started: str) -> str:
              f"margins of {result['pool']} fit samples), {result['fresh']} fresh evaluation samples (seeds 11…). "
              "Agreement = min(counted, estimate), as the report and `bench` print it; truth = the counted share "
              "on all fresh samples (strings for a `ctc` view, arg-max rows for `probs`).", "",
-             "| candidate | int8 layers | view (kind) | held-out: counted / agreement | bench (32 fresh): counted / "
-             "agreement | truth (all fresh) | agreement − truth (held-out) |", "|---|---|---|---|---|---|---|"]
+             "| candidate | int8 layers | MACs in int8 kernels | view (kind) | held-out: counted / agreement | bench (32 fresh): counted / "
+             "agreement | truth (all fresh) | agreement − truth (held-out) |", "|---|---|---|---|---|---|---|---|"]
 
     def pair(part):
         if part and part["observed"] is None:
@@ -170,7 +173,9 @@ def markdown(result: dict, command: str, started: str) -> str:
         return f"{part['observed']:.3f} / {part['agreement']:.3f}" if part else "—"
     for row in result["rows"]:
         gap = f"{row['held']['agreement'] - row['truth']:+.3f}" if row["held"] and row["held"]["agreement"] else "—"
+        share = row.get("int8_mac_share")
         lines.append(f"| `{row['candidate']}` | {row['layers_int8'] if row['layers_int8'] is not None else '—'} | "
+                     f"{'—' if share is None else f'{100 * share:.1f}%'} | "
                      f"{row['view']} ({row['kind']}) | {pair(row['held'])} | {pair(row['bench'])} | "
                      f"{row['truth']:.4f} | {gap} |")
     return "\n".join(lines) + "\n"
