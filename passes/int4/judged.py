@@ -51,12 +51,17 @@ import onnxslim_kit.passes.int4.quant as _int4_quant
 from onnxslim_kit.passes.int4.rewrite import stored_layout
 
 
-def eight_bit(target, fmt: str) -> np.ndarray:
-    """The 8-bit weight of ``target`` in its stored layout, as the rewrite would encode it."""
+def eight_bit(target, fmt: str, keep=None) -> np.ndarray:
+    """The 8-bit weight of ``target`` in its stored layout, as the rewrite would encode it;
+    ``keep(codes, scale)``, when given, gets the ``nbits`` encoding (:func:`.rewrite.rewrite_nbits8`
+    takes it instead of reading and quantizing the float weight again)."""
     wt = target.load()
     if fmt == "nbits":
         block = _int4_mixed.int8_block(wt.shape[1])
-        deq = _int4_quant.dequantize_int8_blocks(*_int4_quant.quantize_int8_blocks(wt, block), wt.shape[1])
+        codes, scale = _int4_quant.quantize_int8_blocks(wt, block)
+        if keep is not None:
+            keep(codes, scale)
+        deq = _int4_quant.dequantize_int8_blocks(codes, scale, wt.shape[1])
     else:
         q, scale = _int4_quant.quantize_int8_columns(wt.T)
         deq = (q.astype(np.float32) * scale).T
@@ -79,6 +84,7 @@ class Emulation:
         self.runs = _int4_batched.Runs(self.session, self.outputs, self.feeds)  # stacked once checked equal
         self.int4 = {name: int4[name] for name in self.targets}
         self.int8: dict = {}  # the 8-bit values of the layers a trial promoted, made once
+        self.encoded: dict = {}  # their nbits (codes, scales), maps of ``scratch``: the rewrite's
         self.count, self.probes = 0, []
 
     def judge(self, promoted: list):
@@ -88,7 +94,7 @@ class Emulation:
         for name in promoted:
             if name in weights:
                 if name not in self.int8:
-                    self.int8[name] = self.scratch.put(eight_bit(self.targets[name], self.fmt))
+                    self.int8[name] = self.scratch.put(eight_bit(self.targets[name], self.fmt, self._keeper(name)))
                 weights[name] = self.int8[name]
         got = self.runs.run(weights)
         del weights
@@ -97,8 +103,14 @@ class Emulation:
         self.probes.append((len(promoted), round(float(verdict.used), 4)))  # (j, u(j)) for the report
         return verdict
 
+    def _keeper(self, name: str):
+        """``keep(codes, scale)`` for :func:`eight_bit`: the encoding to the scratch file, for the rewrite."""
+        def keep(codes: np.ndarray, scale: np.ndarray) -> None:
+            self.encoded[name] = (self.scratch.put(codes), self.scratch.put(scale))
+        return keep
+
     def close(self) -> None:
-        self.session = self.int4 = self.int8 = self.feeds = self.runs = None
+        self.session = self.int4 = self.int8 = self.feeds = self.runs = None  # (encoded: the caller's)
         give_back()
 
 

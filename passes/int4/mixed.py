@@ -42,9 +42,16 @@ tensors its candidates' suffixes read from the rest of the graph (≤ :data:`CUT
 samples, dropped after the call), and a suffix session (graph only) is fed those; the losses are
 the whole-model runs' bit for bit, and a candidate in layer ``i`` of ``L`` reads ``(L − i) / L``
 of the weights instead of all of them (one reference run more than before: the shortlist's).
-Off in the pass (:data:`SUFFIX_RUNS`): on issue 16's 2.75 GB decoder they saved 4 s of a 63 s run but
-lifted its peak RSS from 1.29× to 1.32× of the model, in file-backed pages (the heap's peak unchanged;
-``results/large-model-2026-12-03-s10-int4-diag-*.md``), over the 1.3× bound; the cause is not found.
+On (:data:`SUFFIX_RUNS`) since session 17. Session 10 had them off: on issue 16's 2.75 GB decoder
+they lifted the peak RSS from 1.29× to 1.32× of the model. Session 17 traced the process's RSS
+(anonymous / file-backed every 0.1 s): the peak was in this step, the model's pages (all of them
+mapped by the reference run) plus the scratch pages of every measured candidate's dequantized
+weight (each run maps its candidate's, none was dropped before the step ended: ≈ 260 MB there)
+plus the cut tensors of *all* 145 candidates, which the one session returned as graph outputs
+and so held together in each of its runs. Now the whole-model session returns the outputs only,
+each call's reference run is a session of its own with that call's cut tensors, a candidate's
+scratch pages go after its runs, and the weights' pages after the reference run when suffixes
+follow (they map only their own): the step's peak fell below the fidelity stop's (1.23× in all).
 
 Cost on large models. A whole-model run reads every weight (issue 16's 2.75 GB decoder, 32
 tokens: 2.97 s at one thread, 2.37 s at two under load 3, ``benchmarks/check_run_threads.py``;
@@ -75,14 +82,14 @@ import onnx
 from onnxslim_kit.api import Target
 from onnxslim_kit.fidelity import judge
 from onnxslim_kit.runtime import make_session, prepare_feed
-from onnxslim_kit.streaming import copy_fields, tensor_array
+from onnxslim_kit.streaming import copy_fields, release_pages, tensor_array
 
 import onnxslim_kit.passes.int4.suffix as _int4_suffix
 
 INT8_BLOCK = 128
 SENSITIVITY_BYTES = 4 << 30  # weight bytes one measured candidate's runs may read: 1 sample at 2.75 GB
 RUN_THREADS = 2  # intra-op threads of the step's sessions (module docstring: the same outputs as 1)
-SUFFIX_RUNS = False  # off: on issue 16's decoder they lift the peak RSS 1.29× → 1.32× of the model (file pages, not heap; cause not found) for −4 s of 63
+SUFFIX_RUNS = True  # measured candidates run the nodes their weight reaches (:mod:`.suffix`; module docstring)
 CUT_BYTES = 64 << 20  # cut tensors (one losses() call, all samples) the suffix runs may hold (:mod:`.suffix`)
 
 
@@ -131,9 +138,8 @@ class Sensitivity:
         self.parts = _suffix_parts(proto.graph, names) if suffixes else {}
         self.all_cuts = {n: _int4_suffix.cut(proto.graph, part) for n, part in self.parts.items()}
         kept = set(self.extra) | {o.name for o in proto.graph.output}
-        cut_only = sorted({t for ts in self.all_cuts.values() for t in ts} - kept)
         self.session = make_session(proto, "basic", threads=RUN_THREADS, arena=False,
-                                    extra_outputs=(self.extra + cut_only) or None, prepack=False)
+                                    extra_outputs=self.extra or None, prepack=False)
         self.feeds = [prepare_feed(self.session, s) for s in samples]
         self.outputs = [o.name for o in self.session.get_outputs() if o.name in kept]
         held = sorted({t for ts in self.all_cuts.values() for t in ts})
@@ -149,8 +155,7 @@ class Sensitivity:
         :data:`CUT_BYTES` (:func:`.suffix.admit`) run as suffixes, the others whole."""
         cuts = {n: self.all_cuts[n] for n in names if n in self.all_cuts}
         wanted = sorted({t for ts in cuts.values() for t in ts} - set(self.outputs))
-        asked = (self.outputs if self.refs is None else []) + wanted
-        runs = [dict(zip(asked, self.session.run(asked, {**f, **self.floats}))) if asked else {} for f in self.feeds]
+        runs = self._reference(wanted)
         if self.refs is None:
             self.refs = [{o: r[o] for o in self.outputs} for r in runs]
             self.runtime = [{n: r[n] for n in self.extra} for r in self.refs]
@@ -160,9 +165,22 @@ class Sensitivity:
         held = {t for ts in self.cuts.values() for t in ts} - set(self.outputs)
         self.held = [{t: r[t] for t in held} for r in runs]
         del runs
+        if self.cuts:  # the suffixes read their own weights only: the rest need not stay mapped
+            for value in self.floats.values():
+                release_pages(value)
         self.types = _int4_suffix.input_types(
             {t: [{**ref, **h}[t] for ref, h in zip(self.refs, self.held)] for ts in self.cuts.values() for t in ts},
             self.static)
+
+    def _reference(self, wanted: list) -> list:
+        """Per sample, the original's outputs (first call) and the tensors ``wanted`` — from a
+        session of its own that returns this call's cut tensors only (the whole-model session
+        returns the outputs alone: a session returning every candidate's cut tensors held all of
+        them in each of its runs)."""
+        asked = (self.outputs if self.refs is None else []) + wanted
+        session = self.session if not wanted else make_session(
+            self.proto, "basic", threads=RUN_THREADS, arena=False, extra_outputs=self.extra + wanted, prepack=False)
+        return [dict(zip(asked, session.run(asked, {**f, **self.floats}))) if asked else {} for f in self.feeds]
 
     def _run(self, feed: dict, changed: dict = None) -> dict:
         return dict(zip(self.outputs, self.session.run(self.outputs, {**feed, **self.floats, **(changed or {})})))
@@ -199,7 +217,11 @@ class Sensitivity:
         """{name: loss} for ``values`` = {weight name: callable giving its dequantized weight in
         the stored layout} (made one at a time: one copy alive); the cut tensors dropped after."""
         self.prepare(list(values))
-        out = {name: self.loss(name, make()) for name, make in values.items()}
+        out = {}
+        for name, make in values.items():
+            value = make()
+            out[name] = self.loss(name, value)
+            release_pages(value)  # a map of the scratch file: its pages go once the candidate is done
         self.cuts, self.held, self.types = {}, [], {}
         return out
 

@@ -67,23 +67,33 @@ def promote(model: Model, targets: list, opts: dict, ctx, fmt: str, result: Pass
         samples = samples[:_int4_mixed.sample_count(len(samples), size)]
         losses = _losses(model, by_weight, seen, (costs, budget), (samples, fid.views, proxy), opts, result)
         chosen = _int4_mixed.select(costs, losses, budget)
+        encoded: dict = {}  # the 8-bit encodings the fidelity stop made (scratch maps)
         if judged and chosen:
-            chosen = _fidelity_stop(model, targets, seen, (costs, losses, chosen), fid, fmt, result)
+            chosen = _fidelity_stop(model, targets, seen, (costs, losses, chosen), fid, fmt, result, encoded)
+        spent = _promote(model, targets, (chosen, costs, encoded), fmt, opts, result)
     finally:
         seen.scratch.close()
+    result.metrics["int8_layers"] = sorted(t.node.name for t in targets if t.weight.name in chosen)
+    return [t for t in targets if t.weight.name not in chosen], first, tuple(spent)
+
+
+def _promote(model: Model, targets: list, choice: tuple, fmt: str, opts: dict, result: PassResult) -> list:
+    """Rewrite the ``chosen`` layers at 8 bits (``encoded``: {weight name: (codes, scales)} made
+    already, copied out of the scratch file); returns [their float bytes, their 8-bit bytes]."""
+    chosen, costs, encoded = choice
     spent = [0, 0]
     for t in targets:
         if t.weight.name not in chosen:
             continue
         if fmt == "nbits":
-            rewrite_nbits8(model, t, opts)
+            made = encoded.get(t.weight.name)
+            rewrite_nbits8(model, t, opts, tuple(np.array(a) for a in made) if made is not None else None)
         else:
             rewrite_int8(model, t)
         spent[0] += t.float_bytes
         spent[1] += costs[t.weight.name][1]
         result.rewrite("MatMul/Gemm→8-bit (mixed precision)")
-    result.metrics["int8_layers"] = sorted(t.node.name for t in targets if t.weight.name in chosen)
-    return [t for t in targets if t.weight.name not in chosen], first, tuple(spent)
+    return spent
 
 
 class ScratchSeen:
@@ -98,19 +108,31 @@ class ScratchSeen:
         self.proxies: dict = {}
         self.rows, self.proxied, self.blas = None, set(), 1
 
-    def visit(self, target, wt: np.ndarray, qw) -> None:
+    def visit(self, target, wt: np.ndarray, qw):
+        """The proxy and the dequantized copy of one layer (any thread); returns the callable that
+        keeps them (the scratch write: :func:`.rounds.quantize_all` calls it in the layers' order)."""
         name = target.weight.name
         if name not in self.wanted or name in self.int4:
-            return
+            return None
         deq = _int4_quant.dequantize(qw)
-        if name in self.proxied:
-            self.proxies[name] = _int4_proxy.output_error(wt, deq, self.rows[target.node.inputs[0].name], self.blas)
-        self.int4[name] = self.scratch.put(stored_layout(target, deq))
+        proxy = (_int4_proxy.output_error(wt, deq, self.rows[target.node.inputs[0].name], self.blas)
+                 if name in self.proxied else None)
+        stored = stored_layout(target, deq)
+        del deq
+
+        def keep() -> None:
+            if name in self.int4:  # a weight shared by layers: the first layer's, in order
+                return
+            if proxy is not None:
+                self.proxies[name] = proxy
+            self.int4[name] = self.scratch.put(stored)
+        return keep
 
 
 def _fidelity_stop(model: Model, targets: list, seen: ScratchSeen, choice: tuple, fid, fmt: str,
-                   result: PassResult) -> set:
-    """The greedy choice's shortest prefix that holds ``fid`` (all of it when none does), :mod:`.judged`."""
+                   result: PassResult, encoded: dict) -> set:
+    """The greedy choice's shortest prefix that holds ``fid`` (all of it when none does), :mod:`.judged`;
+    ``encoded`` gets the 8-bit encodings the trials made."""
     costs, losses, chosen = choice
     order = sorted(chosen, key=lambda n: (-losses.get(n, 0.0) / max(costs[n][1] - costs[n][0], 1), n))
     emulation = _int4_judged.Emulation(model, targets, seen.int4, seen.scratch, fid, fmt)
@@ -118,6 +140,7 @@ def _fidelity_stop(model: Model, targets: list, seen: ScratchSeen, choice: tuple
         kept, verdict, trials = _int4_judged.stop(emulation, order, losses)
         result.metrics["mixed_probes"] = list(emulation.probes)
         result.metrics["mixed_stacked"] = bool(emulation.runs.checked)  # later trials ran the samples as one batch
+        encoded.update(emulation.encoded)
     finally:
         emulation.close()
     _int4_judged.report(result, fid, verdict, len(kept), len(order), trials)
@@ -131,7 +154,7 @@ def _losses(model: Model, by_weight: dict, seen: ScratchSeen, choice: tuple, dat
     the shortlist near the cut, predicted for the rest (:mod:`.mixed`); one session."""
     costs, budget = choice
     samples, views, proxy = data
-    values = {name: (lambda m=m: np.asarray(m)) for name, m in seen.int4.items() if name in costs}
+    values = {name: (lambda m=m: m) for name, m in seen.int4.items() if name in costs}  # maps, fed where they lie
     sensitivity = _int4_mixed.Sensitivity(model.to_proto(), list(costs), samples, views)
     try:
         if not proxy:

@@ -122,12 +122,25 @@ def _block_error(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, symmetric: 
 
 def quantize_values(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, symmetric: bool) -> np.ndarray:
     """Codes of ``w`` on the grid given by ``scale``/``zero`` (broadcast against ``w``)."""
-    q = np.rint(np.asarray(w, dtype=np.float32) / scale) + zero.astype(np.float32)
-    return np.clip(q, 0, QMAX).astype(np.uint8)
+    q = np.divide(np.asarray(w, dtype=np.float32), scale)
+    zero = np.asarray(zero).astype(np.float32)
+    if np.ndim(q) == 0 or np.broadcast_shapes(q.shape, zero.shape) != q.shape:
+        return np.clip(np.rint(q) + zero, 0, QMAX).astype(np.uint8)
+    np.rint(q, out=q)  # in place: the same operations as np.clip(np.rint(w / s) + z, …), fewer temporaries
+    q += zero
+    np.clip(q, 0, QMAX, out=q)
+    return q.astype(np.uint8)
 
 
 def dequantize_values(q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
-    return (q.astype(np.float32) - zero.astype(np.float32)) * scale
+    out = np.asarray(q).astype(np.float32)
+    zero, scale = np.asarray(zero).astype(np.float32), np.asarray(scale)
+    if out.ndim == 0 or np.broadcast_shapes(out.shape, zero.shape, scale.shape) != out.shape \
+            or np.result_type(out, scale) != np.float32:
+        return (out - zero) * scale
+    out -= zero  # in place: (q − z) · s as before, one array instead of three
+    out *= scale
+    return out
 
 
 def pad_k(wt: np.ndarray, block_size: int) -> np.ndarray:

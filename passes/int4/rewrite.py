@@ -67,14 +67,15 @@ def rewrite_nbits(model: Model, target: Target, consts: list, shape: tuple, opts
                                      outputs, domain="com.microsoft"))
 
 
-def rewrite_nbits8(model: Model, target: Target, opts: dict) -> None:
-    """The layer as MatMulNBits ``bits=8`` (blocks of :func:`.mixed.int8_block`, symmetric)."""
-    wt = target.load()
-    bs = _int4_mixed.int8_block(wt.shape[1])
-    codes, scale = _int4_quant.quantize_int8_blocks(wt, bs)
+def rewrite_nbits8(model: Model, target: Target, opts: dict, encoded: tuple = None) -> None:
+    """The layer as MatMulNBits ``bits=8`` (blocks of :func:`.mixed.int8_block`, symmetric);
+    ``encoded``: its ``quantize_int8_blocks`` (codes, scales) when made already (the fidelity stop's)."""
+    n, k = target.shape
+    bs = _int4_mixed.int8_block(k)
+    codes, scale = encoded if encoded is not None else _int4_quant.quantize_int8_blocks(target.load(), bs)
     consts = [new_constant(model, "int4/B8", codes), new_constant(model, "int4/scales8", scale.astype(target.dtype)),
               None]
-    rewrite_nbits(model, target, consts, (wt.shape[1], wt.shape[0], 8, bs), opts)
+    rewrite_nbits(model, target, consts, (k, n, 8, bs), opts)
 
 
 def rewrite_encoded(model: Model, target: Target, encoded: tuple, fmt: str, opts: dict) -> None:

@@ -16,6 +16,11 @@ the calibration rows are few (X [R, K] smaller than XᵀX [K, K] when R < 2K: 4 
 tokens there), one pass keeps every input's rows (≤ :data:`ROWS_BYTES_ONE_PASS`, 133 MB there)
 and every round sums its Hessians from them.
 
+RTN without the range search (:func:`_rtn_layers`) quantizes :data:`LAYER_THREADS` layers at once
+(each layer's read, rounding and the mixed-precision step's proxy and dequantized copy — numpy
+and BLAS release the GIL; one BLAS thread each), at most one layer more in flight than threads, the
+scratch writes in the layers' order: the same values as one at a time.
+
 AWQ (:func:`apply_awq`): per input tensor, ``Y = (A·diag(1/s))·(diag(s)·W)``; ``s`` from
 :func:`.awq.search_scales`, one ``Mul(A, 1/s)`` per input, Hessian of the scaled input
 ``diag(1/s)·H·diag(1/s)``.
@@ -26,6 +31,9 @@ Encoding (:func:`encode`): ``nbits`` = MatMulNBits B [N, n_blocks, bs/2] uint8, 
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -46,6 +54,7 @@ from onnxslim_kit.passes._common.graph import new_constant
 
 HESSIAN_BYTES_PER_ROUND = 64 << 20
 ROWS_BYTES_ONE_PASS = 256 << 20  # the inputs' rows one pass may keep for all rounds (module docstring)
+LAYER_THREADS = 2  # RTN layers quantized at once (numpy and BLAS release the GIL; :func:`_rtn_layers`)
 
 
 def hessian_rounds(model: Model, targets: list, ctx):
@@ -151,11 +160,13 @@ def quantize_all(model: Model, targets: list, opts: dict, ctx, result: PassResul
         wt = t.load()
         qw = quantize(t, opts, xtx, factors, result, wt)
         if visit is not None:
-            visit(t, wt, qw)
+            kept = visit(t, wt, qw)
+            if kept is not None:
+                kept()
         return packed(qw)
 
     if not (opts["method"] == "gptq" or opts["search"]):
-        return {k: one(t, None, {}) for k, t in keys.items()}
+        return _rtn_layers(keys, opts, result, visit)
     done = {}
     for round_h in hessian_rounds(model, list(keys.values()), ctx):
         factors: dict = {}  # per input tensor: layers reading one input share H and its factor
@@ -163,6 +174,37 @@ def quantize_all(model: Model, targets: list, opts: dict, ctx, result: PassResul
             if k not in done and t.node.inputs[0].name in round_h:
                 done[k] = one(t, round_h[t.node.inputs[0].name], factors)
         del factors, round_h
+    return done
+
+
+def _rtn_layers(keys: dict, opts: dict, result: PassResult, visit) -> dict:
+    """{key: packed RTN result} of ``keys``' targets, :data:`LAYER_THREADS` layers at a time (each
+    layer's values do not depend on the others: the same results in any order); ``visit``'s
+    returned callable (the scratch write) runs here, in the layers' order."""
+    def one(t):
+        wt = t.load()
+        qw = quantize(t, opts, None, {}, result, wt)
+        kept = visit(t, wt, qw) if visit is not None else None
+        del wt
+        return packed(qw), kept
+
+    items, done = list(keys.items()), {}
+    workers = max(1, min(LAYER_THREADS, os.cpu_count() or 1, len(items)))
+    with blas_threads(1), ThreadPoolExecutor(workers) as pool:  # one BLAS thread per layer thread
+        pending = deque()
+
+        def take():
+            k, future = pending.popleft()
+            done[k], kept = future.result()
+            if kept is not None:
+                kept()
+
+        for k, t in items:
+            pending.append((k, pool.submit(one, t)))
+            if len(pending) > workers:  # at most workers + 1 layers in flight
+                take()
+        while pending:
+            take()
     return done
 
 

@@ -67,6 +67,36 @@ def test_runs_stay_one_by_one_where_stacking_differs(body, batch):
     assert all(np.array_equal(a["y"], b["y"]) for a, b in zip(runs.run({}), got))
 
 
+class _Counted:
+    """A session that counts its runs."""
+
+    def __init__(self, session):
+        self.session, self.runs = session, 0
+
+    def get_inputs(self):
+        return self.session.get_inputs()
+
+    def run(self, outputs, feed):
+        self.runs += 1
+        return self.session.run(outputs, feed)
+
+
+@pytest.mark.parametrize("body, batch, first_trial", [
+    ("h = MatMul(x, W)\ny = Relu(h)", "B", 2),  # the first sample alone and all stacked
+    ("h = MatMul(x, W)\nm = ReduceMean<axes = [0], keepdims = 1>(h)\ny = Sub(h, m)", "B", 4),  # + the other two
+    ("y = MatMul(x, W)", "1", 3),  # one by one
+])
+def test_first_trial_runs_the_first_sample_alone_and_the_stack(body, batch, first_trial):
+    session = _Counted(_session(body, batch))
+    feeds = _feeds(3)
+    runs = batched.Runs(session, ["y"], feeds)
+    got = runs.run({})
+    assert session.runs == first_trial
+    assert all(np.array_equal(a["y"], session.session.run(["y"], f)[0]) for a, f in zip(got, feeds))
+    runs.run({})
+    assert session.runs == first_trial + (1 if runs.checked else 3)
+
+
 def test_pass_output_is_the_same_with_and_without_stacked_runs(monkeypatch):
     model = decoder("T", batch="B")
     options = "method=rtn,block_size=16,max_ratio=0.25,target=cos:0.9999,measured=20"
@@ -77,3 +107,31 @@ def test_pass_output_is_the_same_with_and_without_stacked_runs(monkeypatch):
     assert not report_alone.metrics["mixed_stacked"]
     assert report.metrics["mixed_probes"] == report_alone.metrics["mixed_probes"]
     assert stacked.SerializeToString() == alone.SerializeToString()
+
+
+@pytest.mark.parametrize("body, batch, runs", [
+    ("h = Relu(x)\ny = MatMul(h, W)", "B", 2),  # the first sample alone, then all stacked
+    ("m = ReduceMean<axes = [0], keepdims = 1>(x)\nh = Sub(x, m)\ny = MatMul(h, W)", "B", 4),  # mixes the samples
+    ("h = Relu(x)\ny = MatMul(h, W)", "1", 3),  # the batch is fixed
+])
+def test_proxy_rows_equal_the_one_by_one_rows(monkeypatch, body, batch, runs):
+    """The proxy's rows come from a stacked run only where that reproduces the one-by-one values."""
+    from onnxslim_kit.model import Model
+    from onnxslim_kit.passes.int4 import proxy
+
+    w = {"W": RNG.standard_normal((8, 6)).astype(np.float32)}
+    model = Model.from_proto(fp16_tests.build(body, f"float[{batch}, 5, 8] x", w, opset=17))
+    samples = [{"x": RNG.standard_normal((1, 5, 8)).astype(np.float32)} for _ in range(3)]
+    count = []
+    real = proxy.iter_activations
+
+    def counted(proto, names, feeds, **kwargs):
+        for values in real(proto, names, feeds, **kwargs):
+            count.append(1)
+            yield values
+
+    monkeypatch.setattr(proxy, "iter_activations", counted)
+    rows = proxy.input_rows(model, {"h": 8}, samples)
+    assert len(count) == runs and rows["h"].shape == (15, 8)
+    monkeypatch.setattr(proxy, "_activations", lambda proto, names, feeds, threads: real(proto, names, feeds))
+    np.testing.assert_array_equal(rows["h"], proxy.input_rows(model, {"h": 8}, samples)["h"])

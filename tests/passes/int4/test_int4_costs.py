@@ -94,13 +94,17 @@ def test_tiled_transpose_equals_numpy(shape, dtype):
     assert transposed(a).dtype == dtype
 
 
-def test_quantize_all_shows_each_weight_once_with_its_result():
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_quantize_all_shows_each_weight_once_with_its_result(monkeypatch, threads):
+    """RTN layers run ``LAYER_THREADS`` at a time; what ``visit`` returns runs in the layers' order,
+    and the results are those of one thread."""
+    monkeypatch.setattr(rounds, "LAYER_THREADS", threads)
     model = Model.from_proto(_stack(4))
     targets = collect_targets(model, PassResult())
     seen = []
     opts = {"method": "rtn", "search": False, "block_size": 32, "symmetric": False}
     results = rounds.quantize_all(model, targets, opts, None, PassResult(),
-                                  visit=lambda t, wt, qw: seen.append((t.key, wt, qw)))
+                                  visit=lambda t, wt, qw: (lambda: seen.append((t.key, wt, qw))))
     assert [k for k, _, _ in seen] == [t.key for t in targets] and set(results) == {t.key for t in targets}
     for key, wt, qw in seen:
         target = next(t for t in targets if t.key == key)
