@@ -1,4 +1,5 @@
-"""Hard-sigmoid and hard-swish between Q/DQ points, rewritten into ops ONNX Runtime runs in int8.
+"""Hard-sigmoid, hard-swish and sigmoid gates (SiLU) between Q/DQ points, rewritten into ops ONNX
+Runtime runs in int8.
 
 ORT's CPU provider has no QLinear kernel for HardSigmoid or HardSwish (its QDQ selectors cover
 Add, Mul, Concat, the pools, Sigmoid, LeakyRelu, Softmax …), so a hard-swish between a Conv's
@@ -21,13 +22,24 @@ differ by it: each fusion takes its own side's parameters; checked: ORT with and
 optimisations agree). Error: ``|h − HardSigmoid(x̂)| ≤ 1/510``, i.e. at most ``|x̂|/510`` on
 ``y`` — of the order of the output's own quantization step.
 
+A sigmoid gate ``y = x̂ · σ(x̂)`` (SiLU / swish: YOLOv5–v8, ddddocr; or ``x̂₁ · σ(x̂₂)``) has
+kernels of its own — ``DQ → Sigmoid → Q`` fuses into QLinearSigmoid (a 256-entry table), ``DQ, DQ →
+Mul → Q`` into QLinearMul — but int8's Q points are the layers' inputs, so it ran as ``DQ → Sigmoid
+→ Mul → Q`` in float between two QLinearConvs (ddddocr's int8 floor: 11 of them, 0.85× of ``fuse``
+where ORT's ``quantize_static``, which puts Q/DQ around every op, ran 0.71×). ``σ`` has a known
+range, so its Q point needs no calibration::
+
+    s_q = Q(σ(x̂); 1/255, q_min),     y = x̂ · DQ(s_q; 1/255, q_min)
+
+Error: ``|DQ(s_q) − σ(x̂)| ≤ 1/510``, at most ``|x̂|/510`` on ``y`` (as the hard-sigmoid's).
+
 Conditions (a node is left as it is otherwise):
 
-1. ``HardSigmoid`` with ``α > 0``, or ``HardSwish``, of the main graph;
+1. ``HardSigmoid`` with ``α > 0``, ``HardSwish`` or ``Sigmoid``, of the main graph;
 2. its input is the output of an activation ``DequantizeLinear`` (not a weight's), per tensor,
    uint8 (with int8 activations ORT 1.32's CPU provider fuses no QLinearAdd / QLinearMul — nor
    the Conv reading them: checked — so the float HardSigmoid is left as the cheaper form);
-3. HardSigmoid: every reader is a ``Mul`` whose other input is also an activation
+3. HardSigmoid and Sigmoid: every reader is a ``Mul`` whose other input is also an activation
    ``DequantizeLinear`` output and whose output is read only by ``QuantizeLinear`` nodes
    (else the Mul stays float and nothing is gained); HardSwish: its output is read only by
    ``QuantizeLinear`` nodes; neither output is a graph output.
@@ -101,18 +113,26 @@ def _quantized_gate(model, graph, dq: gs.Node, x_hat: gs.Variable, alpha: float,
     return outs
 
 
-def _hard_sigmoid(model, graph, node: gs.Node) -> bool:
-    alpha, beta = float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5))
-    dq = _activation_dq(node.inputs[0])
-    out = node.outputs[0]
+def _gated_muls(out, graph) -> list | None:
+    """The Muls reading the gate ``out`` (condition 3), or None when a reader is not such a Mul."""
     muls = consumers(out)
-    if alpha <= 0 or dq is None or is_graph_output(out, graph) or not muls:
-        return False
+    if is_graph_output(out, graph) or not muls:
+        return None
     for mul in muls:
         others = [t for t in mul.inputs if t is not out]
         if (not is_onnx_op(mul, "Mul") or len(mul.inputs) != 2 or len(others) != 1
                 or _activation_dq(others[0]) is None or not _only_quantized(mul.outputs[0], graph)):
-            return False
+            return None
+    return muls
+
+
+def _hard_sigmoid(model, graph, node: gs.Node) -> bool:
+    alpha, beta = float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5))
+    dq = _activation_dq(node.inputs[0])
+    out = node.outputs[0]
+    muls = _gated_muls(out, graph)
+    if alpha <= 0 or dq is None or muls is None:
+        return False
     x_hat = node.inputs[0] if len(consumers(node.inputs[0])) == 1 else _copy_dq(model, graph, dq)
     gates = _quantized_gate(model, graph, dq, x_hat, alpha, beta, len(muls))
     for mul, gate in zip(muls, gates):
@@ -138,14 +158,43 @@ def _hard_swish(model, graph, node: gs.Node) -> bool:
     return True
 
 
+def _sigmoid_gate(model, graph, node: gs.Node) -> bool:
+    """``σ(x̂)`` put on the fixed grid ``1/255`` (module docstring, the sigmoid gate) before its Muls."""
+    dq = _activation_dq(node.inputs[0])
+    out = node.outputs[0]
+    muls = _gated_muls(out, graph)
+    if dq is None or muls is None:
+        return False
+    if len(consumers(node.inputs[0])) > 1:  # x̂ read by the Mul too: the Sigmoid gets a DQ of its own
+        node.inputs[0] = _copy_dq(model, graph, dq)
+    dtype = np.asarray(dq.inputs[2].values).dtype
+    zero = new_constant(model, "int8/sigmoid_zp", np.asarray(QMIN[dtype], dtype))
+    scale = new_constant(model, "int8/sigmoid_scale", np.asarray(1.0 / 255.0, np.float32))
+    s_q = gs.Variable(model.fresh_name("int8/sigmoid_q"), dtype=dtype, shape=out.shape)
+    graph.nodes.append(gs.Node("QuantizeLinear", name=model.fresh_name("int8/QuantizeLinear"),
+                               inputs=[out, scale, zero], outputs=[s_q]))
+    for mul in muls:
+        gate = gs.Variable(model.fresh_name("int8/sigmoid"), dtype=np.float32, shape=out.shape)
+        graph.nodes.append(gs.Node("DequantizeLinear", name=model.fresh_name("int8/DequantizeLinear"),
+                                   inputs=[s_q, scale, zero], outputs=[gate]))
+        mul.inputs[[i for i, t in enumerate(mul.inputs) if t is out][0]] = gate
+    return True
+
+
+REWRITES = {"HardSigmoid": (_hard_sigmoid, "HardSigmoid→QLinearAdd"),
+            "HardSwish": (_hard_swish, "HardSwish→QLinearAdd+QLinearMul"),
+            "Sigmoid": (_sigmoid_gate, "Sigmoid gate→QLinearSigmoid+QLinearMul")}
+
+
 def quantize_hard_activations(model, graph: gs.Graph, result=None) -> int:
-    """Rewrite every HardSigmoid (with its Muls) and HardSwish of ``graph`` that meets the
-    module docstring's conditions; returns the count (counted in ``result`` as rewrites)."""
+    """Rewrite every HardSigmoid (with its Muls), HardSwish and Sigmoid gate (with its Muls) of
+    ``graph`` that meets the module docstring's conditions; returns the count (counted in
+    ``result`` as rewrites)."""
     count = 0
-    for node in [n for n in graph.nodes if is_onnx_op(n, "HardSigmoid", "HardSwish")]:
-        done = (_hard_sigmoid if node.op == "HardSigmoid" else _hard_swish)(model, graph, node)
+    for node in [n for n in graph.nodes if is_onnx_op(n, *REWRITES)]:
+        rewrite, label = REWRITES[node.op]
+        done = rewrite(model, graph, node)
         if done and result is not None:
-            result.rewrite("HardSwish→QLinearAdd+QLinearMul" if node.op == "HardSwish"
-                           else "HardSigmoid→QLinearAdd")
+            result.rewrite(label)
         count += done
     return count

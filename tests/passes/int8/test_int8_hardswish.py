@@ -23,9 +23,10 @@ from onnxslim_kit.passes._quant.hardswish import quantize_hard_activations
 from onnxslim_kit.pipeline import parse_pass_list, run_pipeline
 
 HSIG = "HardSigmoid <alpha = 0.16666667, beta = 0.5>"
-HARD_SWISH = {  # the two spellings of x·HardSigmoid(x) that exports use
+HARD_SWISH = {  # the two spellings of x·HardSigmoid(x) that exports use, and SiLU's x·σ(x)
     "mul": f"h1 = {HSIG} (c1)\n        a1 = Mul (c1, h1)",
     "op": "a1 = HardSwish (c1)",
+    "silu": "h1 = Sigmoid (c1)\n        a1 = Mul (c1, h1)",
 }
 TAIL = """c2 = Conv <pads = [1, 1, 1, 1]> ({}, w2, b2)
         r2 = Relu (c2)
@@ -103,6 +104,27 @@ def assert_faithful(model, out):
     plain = outputs(out, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, held_out)
     assert min(cosine(p, g) for p, g in zip(plain, got)) >= 0.9999
     assert np.abs(plain - got).max() <= 0.02 * np.abs(plain).max()
+
+
+def test_silu_between_convs_runs_as_qlinear_sigmoid_and_mul():
+    """x·σ(x) (YOLOv8's activation) between two Q points: σ on the fixed grid 1/255, so ORT
+    runs QLinearSigmoid and QLinearMul, not a float detour."""
+    model = block("silu")
+    out, rep = quantize(model)
+    assert rep.rewrites["Sigmoid gate→QLinearSigmoid+QLinearMul"] == 1
+    onnx.checker.check_model(out, full_check=True)
+    ran = executed(out, input_shapes={"x": [1, 3, 16, 16]})
+    assert "Sigmoid" not in ran["unfused_by_op"] and "Mul" not in ran["unfused_by_op"], ran["unfused_by_op"]
+    assert ran["int8_ops"].get("QLinearConv") == 2 and not ran["float_ops"], (ran["int8_ops"], ran["float_ops"])
+    assert {"QLinearSigmoid", "QLinearMul"} <= set(ran["int8_other_ops"]), ran["int8_other_ops"]
+    assert_faithful(model, out)
+
+
+def test_a_sigmoid_read_by_a_graph_output_stays():
+    model = block("silu")
+    model.graph.output.append(onnx.helper.make_tensor_value_info("h1", onnx.TensorProto.FLOAT, None))
+    _, rep = quantize(model)
+    assert "Sigmoid gate→QLinearSigmoid+QLinearMul" not in rep.rewrites
 
 
 @pytest.mark.parametrize("form", ["mul", "op"])
