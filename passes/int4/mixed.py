@@ -43,15 +43,15 @@ samples, dropped after the call), and a suffix session (graph only) is fed those
 the whole-model runs' bit for bit, and a candidate in layer ``i`` of ``L`` reads ``(L − i) / L``
 of the weights instead of all of them (one reference run more than before: the shortlist's).
 On (:data:`SUFFIX_RUNS`) since session 17. Session 10 had them off: on issue 16's 2.75 GB decoder
-they lifted the peak RSS from 1.29× to 1.32× of the model. Session 17 traced the process's RSS
-(anonymous / file-backed every 0.1 s): the peak was in this step, the model's pages (all of them
-mapped by the reference run) plus the scratch pages of every measured candidate's dequantized
-weight (each run maps its candidate's, none was dropped before the step ended: ≈ 260 MB there)
-plus the cut tensors of *all* 145 candidates, which the one session returned as graph outputs
-and so held together in each of its runs. Now the whole-model session returns the outputs only,
-each call's reference run is a session of its own with that call's cut tensors, a candidate's
-scratch pages go after its runs, and the weights' pages after the reference run when suffixes
-follow (they map only their own): the step's peak fell below the fidelity stop's (1.23× in all).
+they lifted the peak RSS from 1.29× to 1.32× of the model. The one session returned the cut
+tensors of *all* 145 candidates as graph outputs (each of its runs held them together); and, traced
+with that fixed (RSS anonymous / file-backed every 0.1 s), the peak was still in this step: the
+model's pages, all mapped by the reference run, plus the scratch pages of every measured candidate's
+dequantized weight (each run maps its candidate's, none dropped before the step ended: ≈ 260 MB).
+Now the whole-model session returns the outputs only, each call's reference run is a session of
+its own with that call's cut tensors (:meth:`Sensitivity._reference`), a candidate's scratch pages
+go after its runs, and the weights' pages after the reference run when suffixes follow (they map
+only their own): the run's peak 1.29× → 1.23×, no longer in this step (``docs/large-models.md``).
 
 Cost on large models. A whole-model run reads every weight (issue 16's 2.75 GB decoder, 32
 tokens: 2.97 s at one thread, 2.37 s at two under load 3, ``benchmarks/check_run_threads.py``;
