@@ -72,3 +72,18 @@ def test_hard_swish_and_squeeze_excite_run_in_int8_kernels(name, shape, fallback
     hard = sum(n for path, n in ran["detours"].items() if "HardSigmoid" in path or "HardSwish" in path)
     assert hard <= 1, ran["detours"]
     assert ran["int8_other_ops"].get("QLinearGlobalAveragePool", 0) >= 1
+
+
+def test_silu_runs_in_int8_kernels_on_yolov8n():
+    """Issue 14: YOLOv8n's 57 SiLUs (``x·σ(x)``) ran as float ``DequantizeLinear → Sigmoid → Mul →
+    QuantizeLinear`` detours between QLinearConvs; with σ on its fixed grid those between two
+    int8 layers run in QLinearSigmoid + QLinearMul (the ones whose Mul feeds a Split, Add or
+    Concat stay float: 23 on this model). Placement only: the floor (every layer int8)."""
+    from onnxslim_kit.executed import executed
+
+    floor = "fuse,int8(target=none,speed=off,fallback=false,max_range=0,heads=false,concat_ratio=0)"
+    model, out, rep = quantize_real("yolov8n_coco", [1, 3, 640, 640], floor)
+    assert rep.rewrites["Sigmoid gate→QLinearSigmoid+QLinearMul"] >= 30
+    ran = executed(out, input_shapes={input_specs(model)[0].name: [1, 3, 640, 640]})
+    assert ran["int8_other_ops"].get("QLinearSigmoid", 0) >= 30 and ran["int8_other_ops"].get("QLinearMul", 0) >= 30
+    assert ran["unfused_by_op"].get("Sigmoid", 0) <= 57 - 30, ran["unfused_by_op"]
