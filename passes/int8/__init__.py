@@ -134,6 +134,7 @@ from onnxslim_kit.passes._quant.qdq import (
     rungs_of,
     upgrade_opset,
 )
+from onnxslim_kit.passes.int8.calib_groups import calibration_groups
 from onnxslim_kit.passes.int8.layer_speed import SPEED_ENV, SPEEDS
 from onnxslim_kit.passes.int8.kernels import on_kernels
 from onnxslim_kit.passes.int8 import speed_decision
@@ -422,21 +423,24 @@ class Int8Pass(Pass):
         names = sorted(tensors | set(smoothable))
         collector = calib.StatsCollector(sorted(tensors), binned=opts["method"] != "minmax")
         peaks, kept, size = {}, {name: [] for name in smoothable}, 0
-        total = opts["calib_samples"] or None
-        # every core, as quantize_static's calibration: ORT's CPU kernels split work by output
-        # blocks, so the activations are bitwise those of one thread (checked on PP-OCRv4 det)
-        runs = activations(model, names, calib_samples(ctx), threads=0)
-        for acts in ctx.progress(runs, desc="int8 calibration", total=total):
-            collector.update(acts)
-            smooth_mod.update_peaks(peaks, acts, smoothable)
-            if kept is not None:
-                size += sum(acts[name].nbytes for name in smoothable)
-                if size > KEEP_BYTES:
-                    kept = None
-                else:
-                    for name in smoothable:
-                        kept[name].append(acts[name])  # ORT's own arrays: never reused, no copy needed
-            acts.clear()  # frees this sample's tensors before the next run (half the peak memory)
+        groups = calibration_groups(model, names, ctx.feed.take(1)[0])
+        total = opts["calib_samples"] * len(groups) or None
+        for group in groups:  # each a pass over the samples: every tensor sees them in the same order
+            # every core, as quantize_static's calibration: ORT's CPU kernels split work by output
+            # blocks, so the activations are bitwise those of one thread (checked on PP-OCRv4 det)
+            runs = activations(model, group, calib_samples(ctx), threads=0)
+            smoothed = [name for name in smoothable if name in group]
+            for acts in ctx.progress(runs, desc="int8 calibration", total=total):
+                collector.update(acts)
+                smooth_mod.update_peaks(peaks, acts, smoothed)
+                if kept is not None:
+                    size += sum(acts[name].nbytes for name in smoothed)
+                    if size > KEEP_BYTES:
+                        kept = None
+                    else:
+                        for name in smoothed:
+                            kept[name].append(acts[name])  # ORT's own arrays: never reused, no copy needed
+                acts.clear()  # frees this sample's tensors before the next run (half the peak memory)
         return collector.stats, peaks, kept
 
     def _plan(self, model, layers, stats, opts, per_channel, result) -> Plan:

@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from onnxslim_kit.passes.int8.calib_groups import CALIB_RUN_BYTES, tensor_bytes
 from onnxslim_kit.passes.int8.fallback import activations, run_threads, trial_copy
 from onnxslim_kit.passes.int8.ranking import weight_bytes
 from onnxslim_kit.passes._quant.qdq import add_quantized_twins
@@ -56,12 +57,15 @@ def measure_twins(model, plan, samples: list, correct: bool = True, local: bool 
     ``model`` is a throw-away copy of the float model (twins are added to it); ``before_run``:
     called with its graph once the twins are in, before the run (a rewiring of the float path).
     ``rounds`` > 1: the layers in that many runs over the samples (:func:`twin_rounds`), each
-    on its own copy — the same numbers, a third of the twins' memory at a time for three."""
+    on its own copy — the same numbers, a third of the twins' memory at a time for three. The
+    outputs ``y, ŷ`` of one run are kept under :data:`.calib_groups.CALIB_RUN_BYTES` at the
+    first sample's shapes: more rounds, cut by those bytes, where they would exceed it (ORT holds
+    every output of a run at once: PP-OCR-sized detectors at 800 × 608 peaked here)."""
     ops = {s.name: s.op for s in plan.layers}
     biased = {s.name for s in plan.layers if s.op in ("Conv", "Gemm") and s.weight_index is not None}
     specs = plan.layers if local else [s for s in plan.layers if s.name in biased]
     err_sum, err_sq, count, ref_sq = {}, {}, {}, {}
-    chunks = twin_rounds(model.graph, specs, rounds)
+    chunks = _rounds(model, specs, samples, rounds)
     for chunk in chunks:
         trial = model if len(chunks) == 1 else trial_copy(model)
         pairs = add_quantized_twins(trial, plan if chunk is plan.layers else replace(plan, layers=chunk))
@@ -90,13 +94,31 @@ def measure_twins(model, plan, samples: list, correct: bool = True, local: bool 
     return shifts, sensitivity
 
 
-def twin_rounds(graph, specs: list, rounds: int) -> list:
-    """``specs`` in at most ``rounds`` runs of consecutive layers with about equal weight bytes
-    (``[specs]`` itself for one round: the plain single run)."""
+def _rounds(model, specs: list, samples: list, rounds: int) -> list:
+    """:func:`twin_rounds`, with as many more rounds, cut by output bytes, as keep the outputs
+    ``y, ŷ`` of one run under :data:`.calib_groups.CALIB_RUN_BYTES` (:func:`measure_twins`)."""
+    outputs = twin_bytes(model, specs, samples[0]) if samples else {}
+    needed = -(-sum(outputs.values()) // CALIB_RUN_BYTES)
+    return twin_rounds(model.graph, specs, max(rounds, needed),
+                       (lambda spec: outputs[spec.name]) if needed > rounds else None)
+
+
+def twin_bytes(model, specs: list, sample: dict) -> dict:
+    """``{layer: float32 bytes of its output and its twin's}`` at ``sample``'s input shapes
+    (:func:`.calib_groups.tensor_bytes`)."""
+    nodes = {node.name: node for node in model.graph.nodes}
+    names = {s.name: nodes[s.name].outputs[0].name for s in specs if s.name in nodes}
+    sizes = tensor_bytes(model, list(names.values()), sample)
+    return {layer: 2 * sizes[name] for layer, name in names.items()}
+
+
+def twin_rounds(graph, specs: list, rounds: int, size=None) -> list:
+    """``specs`` in at most ``rounds`` runs of consecutive layers with about equal weight bytes,
+    or equal ``size(spec)`` (``[specs]`` itself for one round: the plain single run)."""
     if rounds <= 1 or len(specs) <= 1:
         return [specs]
     nodes = {node.name: node for node in graph.nodes}
-    size = lambda spec: weight_bytes(nodes, spec)  # noqa: E731
+    size = size or (lambda spec: weight_bytes(nodes, spec))
     total = sum(size(s) for s in specs) or 1
     chunks, current, seen = [], [], 0
     for spec in specs:
