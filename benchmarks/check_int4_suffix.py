@@ -23,7 +23,7 @@ from onnxslim_kit.passes.int4 import mixed
 
 
 def _wrap(rows: list):
-    mixed.SUFFIX_RUNS = True  # off in the pass by default (mixed.py); this check is about them
+    mixed.SUFFIX_RUNS = True  # the pass's default since session 17 (mixed.py); set here, as this check is about them
     def losses(self, values: dict) -> dict:
         self.prepare(list(values))
         out = {}
