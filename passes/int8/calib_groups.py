@@ -13,9 +13,10 @@ each group gets a session of its own (cut to the nodes its tensors depend on) an
 the samples. Every tensor still sees the samples in the same order, computed by the same nodes,
 so the statistics are the same numbers; the price is up to one more model run per sample and
 group. Sizes: ONNX shape inference at the sample's shapes (no run); a tensor it leaves unknown
-counts as the largest known one. Above :data:`~onnxslim_kit.passes.int8.layer_speed.MODEL_CHECK_MAX_BYTES`
-of weights, the graph's own shapes (exporting the model for inference would touch every weight
-page; a decoder's activations at calibration length are small beside its weights).
+counts as the largest known one. Above :data:`EXPORT_MAX_BYTES` of weights, the graph's own
+shapes, symbolic dims read from the sample (exporting the model for inference touches every
+weight page and copies the graph; a decoder's activations at calibration length are small
+beside its weights).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 CALIB_RUN_BYTES = 128 << 20  # float32 activations one calibration run may return at once
+EXPORT_MAX_BYTES = 256 << 20  # weights above which sizes come from the graph's own shapes
 
 
 def calibration_groups(model, names: list, sample: dict) -> list:
@@ -45,11 +47,11 @@ def calibration_groups(model, names: list, sample: dict) -> list:
 def tensor_bytes(model, names: list, sample: dict) -> dict:
     """``{name: float32 bytes}`` at ``sample``'s input shapes (module docstring)."""
     from onnxslim_kit.bench_macs import main_shapes
-    from onnxslim_kit.passes.int8.layer_speed import MODEL_CHECK_MAX_BYTES, _graph_shapes
+    from onnxslim_kit.passes.int8.layer_speed import _graph_shapes
 
     weights = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in model.graph.tensors().values()
                   if isinstance(t, gs.Constant) and t.shape is not None)
-    if weights > MODEL_CHECK_MAX_BYTES:
+    if weights > EXPORT_MAX_BYTES:
         shapes = _graph_shapes(model.graph, sample)
     else:
         proto = model.to_proto()
