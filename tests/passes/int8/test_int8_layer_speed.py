@@ -316,10 +316,12 @@ def test_above_the_weight_bound_the_shapes_come_from_the_graph_alone(tmp_path, m
     """Large models: no export and no run for the layer kinds; the graph's known shapes decide
     (mobile_block's are all fixed, so the decision is the small path's)."""
     import onnxslim_kit.bench_macs as bench_macs
+    from onnxslim_kit.passes.int8 import calib_groups
 
     monkeypatch.setattr(layer_speed, "time_pair", fake_timer([]))
     small, rep_small = quantize(mobile_block(), f"target=none,timing_cache={tmp_path / 'a.json'}")
     monkeypatch.setattr(layer_speed, "MODEL_CHECK_MAX_BYTES", 0)
+    monkeypatch.setattr(calib_groups, "EXPORT_MAX_BYTES", 0)  # nor for the calibration's run sizes
     monkeypatch.setattr(bench_macs, "main_shapes", lambda *a, **k: (_ for _ in ()).throw(AssertionError("exported")))
     big, rep_big = quantize(mobile_block(), f"target=none,timing_cache={tmp_path / 'b.json'}")
     assert rep_big.metrics["layers_float_speed"] == rep_small.metrics["layers_float_speed"] == 1
