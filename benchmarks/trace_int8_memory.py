@@ -21,6 +21,7 @@ STEPS = [  # (module, attribute path, label)
     ("onnxslim_kit.verify", "Verifier.check", "verifier: check a candidate"),
     ("onnxslim_kit.model", "Model.to_proto", "Model.to_proto"),
     ("onnxslim_kit.passes.int8", "Int8Pass._calibrate", "int8: calibration run"),
+    ("onnxslim_kit.passes.int8.correct", "measure_twins", "int8: bias correction and local sensitivity (twins)"),
     ("onnxslim_kit.passes.int8", "Int8Pass._plan", "int8: plan"),
     ("onnxslim_kit.passes.int8.fallback", "Scorer.__init__", "int8: reference outputs"),
     ("onnxslim_kit.passes._quant.qdq", "apply_plan", "int8: apply a plan (trial or final)"),
@@ -67,9 +68,11 @@ def instrument(rows: dict) -> None:
     import onnxslim_kit.passes.int8.fallback as fallback
     import onnxslim_kit.passes._quant.qdq as qdq
     import onnxslim_kit.passes.int8 as int8
+    import onnxslim_kit.passes.int8.correct as correct
 
     int8.apply_plan = qdq.apply_plan
     int8.Scorer = fallback.Scorer
+    int8.measure_twins = correct.measure_twins
 
 
 def main(argv: list) -> int:
