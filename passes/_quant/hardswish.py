@@ -97,18 +97,24 @@ def _quantized_gate(model, graph, dq: gs.Node, x_hat: gs.Variable, alpha: float,
         new_constant(model, "int8/hsig_shift_zp", np.asarray(zero, dtype))], outputs=[c]))
     added = gs.Variable(model.fresh_name("int8/hsig_add"), dtype=np.float32, shape=x_hat.shape)
     graph.nodes.append(gs.Node("Add", name=model.fresh_name("int8/Add"), inputs=[x_hat, c], outputs=[added]))
-    t_zero = new_constant(model, "int8/hsig_zp", np.asarray(qmin, dtype))
-    t_q = gs.Variable(model.fresh_name("int8/hsig_q"), dtype=dtype, shape=x_hat.shape)
+    return _on_grid(model, graph, added, 1.0 / (255.0 * alpha), dtype, readers, "hsig")
+
+
+def _on_grid(model, graph, x: gs.Variable, q_scale: float, dtype, readers: int, label: str) -> list:
+    """``DQ(Q(x; q_scale, q_min); 1/255, q_min)``, one DQ per reader: a gate in ``[0, 1]`` on the
+    fixed grid 1/255 (``q_scale`` = 1/255 over what maps to 1). Returns the DQ outputs."""
+    zero = new_constant(model, f"int8/{label}_zp", np.asarray(QMIN[dtype], dtype))
+    x_q = gs.Variable(model.fresh_name(f"int8/{label}_q"), dtype=dtype, shape=x.shape)
     graph.nodes.append(gs.Node("QuantizeLinear", name=model.fresh_name("int8/QuantizeLinear"),
-                               inputs=[added, new_constant(model, "int8/hsig_q_scale",
-                                                           np.asarray(1.0 / (255.0 * alpha), np.float32)), t_zero],
-                               outputs=[t_q]))
-    gate_scale = new_constant(model, "int8/hsig_dq_scale", np.asarray(1.0 / 255.0, np.float32))
+                               inputs=[x, new_constant(model, f"int8/{label}_q_scale",
+                                                       np.asarray(q_scale, np.float32)), zero],
+                               outputs=[x_q]))
+    gate_scale = new_constant(model, f"int8/{label}_dq_scale", np.asarray(1.0 / 255.0, np.float32))
     outs = []
     for _ in range(readers):
-        h = gs.Variable(model.fresh_name("int8/hsig"), dtype=np.float32, shape=x_hat.shape)
+        h = gs.Variable(model.fresh_name(f"int8/{label}"), dtype=np.float32, shape=x.shape)
         graph.nodes.append(gs.Node("DequantizeLinear", name=model.fresh_name("int8/DequantizeLinear"),
-                                   inputs=[t_q, gate_scale, t_zero], outputs=[h]))
+                                   inputs=[x_q, gate_scale, zero], outputs=[h]))
         outs.append(h)
     return outs
 
@@ -167,16 +173,8 @@ def _sigmoid_gate(model, graph, node: gs.Node) -> bool:
         return False
     if len(consumers(node.inputs[0])) > 1:  # x̂ read by the Mul too: the Sigmoid gets a DQ of its own
         node.inputs[0] = _copy_dq(model, graph, dq)
-    dtype = np.asarray(dq.inputs[2].values).dtype
-    zero = new_constant(model, "int8/sigmoid_zp", np.asarray(QMIN[dtype], dtype))
-    scale = new_constant(model, "int8/sigmoid_scale", np.asarray(1.0 / 255.0, np.float32))
-    s_q = gs.Variable(model.fresh_name("int8/sigmoid_q"), dtype=dtype, shape=out.shape)
-    graph.nodes.append(gs.Node("QuantizeLinear", name=model.fresh_name("int8/QuantizeLinear"),
-                               inputs=[out, scale, zero], outputs=[s_q]))
-    for mul in muls:
-        gate = gs.Variable(model.fresh_name("int8/sigmoid"), dtype=np.float32, shape=out.shape)
-        graph.nodes.append(gs.Node("DequantizeLinear", name=model.fresh_name("int8/DequantizeLinear"),
-                                   inputs=[s_q, scale, zero], outputs=[gate]))
+    gates = _on_grid(model, graph, out, 1.0 / 255.0, np.asarray(dq.inputs[2].values).dtype, len(muls), "sigmoid")
+    for mul, gate in zip(muls, gates):
         mul.inputs[[i for i, t in enumerate(mul.inputs) if t is out][0]] = gate
     return True
 

@@ -100,7 +100,7 @@ class Target:
 
     @property
     def input_names(self) -> list:
-        return [node.inputs[0].name for node in self.readers or [self.node]]
+        return [node.inputs[0].name for node in self.readers]
 
     @property
     def gram_bytes(self) -> int:
@@ -163,7 +163,7 @@ def targets(model, plan, result) -> list:
         t = np.clip(w.astype(np.float64) / np.asarray(scales, np.float64).reshape(shape), -qmax, qmax)
         found.append(Target(spec.name, node, "conv" if spec.op == "Conv" else "matmul",
                             _as_groups(t, node, spec), codes, qmax, w.shape,
-                            weight=node.inputs[spec.weight_index].name))
+                            weight=node.inputs[spec.weight_index].name, readers=[node]))
     return shared(found)
 
 
@@ -175,14 +175,13 @@ def shared(found: list) -> list:
     would store a copy per step) and is learned once instead of once per step."""
     out, first = [], {}
     for target in found:
-        key = (target.kind, target.weight)
-        lead = first.get(key) if target.kind == "matmul" else None
+        lead = first.get(target.weight) if target.kind == "matmul" else None
         if lead is not None and lead.qmax == target.qmax and np.array_equal(lead.t, target.t) \
                 and np.array_equal(lead.nearest, target.nearest):
             lead.readers.append(target.node)
             continue
-        first.setdefault(key, target)
-        target.readers = [target.node]
+        if target.kind == "matmul":
+            first.setdefault(target.weight, target)
         out.append(target)
     return out
 

@@ -46,17 +46,11 @@ def calibration_groups(model, names: list, sample: dict) -> list:
 
 def tensor_bytes(model, names: list, sample: dict) -> dict:
     """``{name: float32 bytes}`` at ``sample``'s input shapes (module docstring)."""
-    from onnxslim_kit.bench_macs import main_shapes
-    from onnxslim_kit.passes.int8.layer_speed import _graph_shapes
+    from onnxslim_kit.passes.int8.layer_speed import sample_shapes
 
     weights = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in model.graph.tensors().values()
                   if isinstance(t, gs.Constant) and t.shape is not None)
-    if weights > EXPORT_MAX_BYTES:
-        shapes = _graph_shapes(model.graph, sample)
-    else:
-        proto = model.to_proto()
-        del proto.graph.value_info[:]  # the committed shapes hold -1 / symbolic dims: inferred at the sample's
-        shapes = main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()})
+    shapes = sample_shapes(model, sample, weights > EXPORT_MAX_BYTES, measure=False)
     known = {n: 4 * int(np.prod(shapes[n])) for n in names if n in shapes}
     fill = max(known.values(), default=0)
     return {n: known.get(n, fill) for n in names}

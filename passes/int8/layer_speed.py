@@ -411,13 +411,20 @@ def _layer_shapes(model, plan, candidates: set, sample: dict) -> dict:
     weights, the graph's own shapes only (:func:`_graph_shapes`; no export, no run): exporting
     the model for inference touched every weight page (the 2.75 GB decoder peaked at 3.2× its
     size), so layers whose shapes stay unknown are not timed (:func:`slow_layers` says how many)."""
+    return sample_shapes(model, sample, layer_weight_bytes(model, plan, candidates) > MODEL_CHECK_MAX_BYTES)
+
+
+def sample_shapes(model, sample: dict, from_graph: bool, measure: bool = True) -> dict:
+    """``{tensor: shape}`` at ``sample``'s input shapes: with ``from_graph`` the graph's own
+    (:func:`_graph_shapes`: no export, no run), else inferred on an export of the model, and with
+    ``measure`` what inference leaves open measured by one ORT run on ``sample``."""
     from onnxslim_kit.bench_macs import main_shapes
 
-    if layer_weight_bytes(model, plan, candidates) > MODEL_CHECK_MAX_BYTES:
+    if from_graph:
         return _graph_shapes(model.graph, sample)
     proto = model.to_proto()
     del proto.graph.value_info[:]  # the committed shapes hold -1 / symbolic dims: inferred again at the sample's
-    return main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=sample)
+    return main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=sample if measure else None)
 
 
 def _graph_shapes(graph, sample: dict) -> dict:
