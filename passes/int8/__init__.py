@@ -55,7 +55,7 @@ Steps:
    per-channel weights restored by ``Cast`` + ``Mul``, which ORT folds at load: no cost per
    inference), then float; the ranking that orders them by cost (:mod:`.ranking`), the
    encodings and weight pages kept resident only while read (:mod:`.resident`). The most sensitive layers go deepest
-   (:func:`._quant_fallback.choose_fallback`). Layers off static int8 read their float
+   (:func:`.ladder.choose_fallback`). Layers off static int8 read their float
    input; smoothed layers on ``weights`` or float get their original input and weight back.
    The trials run the Q/DQ graph as float emulation; the chosen configuration is judged again
    on ORT's fused int8 kernels, and searched once more when those miss (:mod:`.kernels`).
@@ -114,14 +114,13 @@ from onnxslim_kit.passes.int8.bodies import restore_body_weights, store_body_wei
 from onnxslim_kit.passes.int8.fallback import (
     Scorer,
     SharedWeights,
-    activations,
-    choose_fallback,
     collect_trials,
     ranking_fidelity,
     search_scope,
     trial_copy,
 )
 from onnxslim_kit.passes.int8.integer_io import make_integer_io
+from onnxslim_kit.passes.int8.ladder import choose_fallback
 from onnxslim_kit.passes.int8.ranking import TWIN_ROUNDS, sensitivity_mode, unsmooth_float_path, unsmoothed_round
 from onnxslim_kit.passes.int8.resident import ScratchEncodings, release
 from onnxslim_kit.passes.int8.options import ROUNDINGS, check_ladder, check_target, parse_ladder
@@ -134,9 +133,9 @@ from onnxslim_kit.passes._quant.qdq import (
     rungs_of,
     upgrade_opset,
 )
-from onnxslim_kit.passes.int8.calib_groups import calibration_groups
+from onnxslim_kit.passes.int8.calib_groups import calibration_groups, group_activations
 from onnxslim_kit.passes.int8.layer_speed import SPEED_ENV, SPEEDS
-from onnxslim_kit.passes.int8.kernels import on_kernels
+from onnxslim_kit.passes.int8.kernels import on_kernels, trials_on_kernels
 from onnxslim_kit.passes.int8 import speed_decision
 
 KEEP_BYTES = 256 << 20  # smoothable activations kept for their smoothed statistics, at most
@@ -425,22 +424,21 @@ class Int8Pass(Pass):
         peaks, kept, size = {}, {name: [] for name in smoothable}, 0
         groups = calibration_groups(model, names, ctx.feed.take(1)[0])
         total = opts["calib_samples"] * len(groups) or None
-        for group in groups:  # each a pass over the samples: every tensor sees them in the same order
-            # every core, as quantize_static's calibration: ORT's CPU kernels split work by output
-            # blocks, so the activations are bitwise those of one thread (checked on PP-OCRv4 det)
-            runs = activations(model, group, calib_samples(ctx), threads=0)
-            smoothed = [name for name in smoothable if name in group]
-            for acts in ctx.progress(runs, desc="int8 calibration", total=total):
-                collector.update(acts)
-                smooth_mod.update_peaks(peaks, acts, smoothed)
-                if kept is not None:
-                    size += sum(acts[name].nbytes for name in smoothed)
-                    if size > KEEP_BYTES:
-                        kept = None
-                    else:
-                        for name in smoothed:
-                            kept[name].append(acts[name])  # ORT's own arrays: never reused, no copy needed
-                acts.clear()  # frees this sample's tensors before the next run (half the peak memory)
+        # every core, as quantize_static's calibration: ORT's CPU kernels split work by output
+        # blocks, so the activations are bitwise those of one thread (checked on PP-OCRv4 det)
+        runs = group_activations(model, groups, calib_samples(ctx), threads=0)  # every tensor: the samples in order
+        for acts in ctx.progress(runs, desc="int8 calibration", total=total):
+            smoothed = [name for name in smoothable if name in acts]
+            collector.update(acts)
+            smooth_mod.update_peaks(peaks, acts, smoothed)
+            if kept is not None:
+                size += sum(acts[name].nbytes for name in smoothed)
+                if size > KEEP_BYTES:
+                    kept = None
+                else:
+                    for name in smoothed:
+                        kept[name].append(acts[name])  # ORT's own arrays: never reused, no copy needed
+            acts.clear()  # frees this sample's tensors before the next run (half the peak memory)
         return collector.stats, peaks, kept
 
     def _plan(self, model, layers, stats, opts, per_channel, result) -> Plan:
@@ -518,11 +516,11 @@ class Int8Pass(Pass):
     def _fallback(self, model, plan, enabled, rungs, fid, ctx, result, sensitivity, fixed=None) -> tuple:
         """(layers left static int8, ``{layer: rung}`` of the layers on a ladder rung): the
         smallest fallback whose verdict on ``fid``'s held-out samples uses at most
-        ``fid.allowed`` of the budget (:func:`.fallback.choose_fallback`), the layers of
+        ``fid.allowed`` of the budget (:func:`.ladder.choose_fallback`), the layers of
         ``fixed`` (``{layer: choice}``) held at their choice."""
         fixed = fixed or {}
         shared = SharedWeights(model.graph)
-        scorer = Scorer(fid, shared)
+        scorer = Scorer(fid, shared, kernels=trials_on_kernels(model, plan, fid.samples))
 
         def build(assign: dict):
             collect_trials()

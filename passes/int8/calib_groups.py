@@ -54,3 +54,98 @@ def tensor_bytes(model, names: list, sample: dict) -> dict:
     known = {n: 4 * int(np.prod(shapes[n])) for n in names if n in shapes}
     fill = max(known.values(), default=0)
     return {n: known.get(n, fill) for n in names}
+
+
+def group_activations(model, groups: list, samples, threads: int = 0):
+    """Each sample's activations of each group, one dict per (sample, group), sample by sample.
+
+    One group: one session, as :func:`.fallback.activations`. More: the graph is cut into
+    *segments* at the last node each group needs, in graph order; segment ``g``'s session takes
+    the tensors it reads from earlier segments as inputs and returns its group's tensors plus
+    those later segments read — so a sample runs every node once, not once per group (a
+    group's session re-ran everything before it: yolov8n_doclaynet at 1024², three groups,
+    72 + 121 + 203 ms a sample against 203 for the whole model). ORT holds one segment's
+    outputs at a time; the tensors carried to later segments are dropped when no later one
+    reads them. Sessions run node by node (``opt_level=disable``), so each tensor has the
+    values the whole graph gives it. A graph with subgraphs (whose bodies may read outer
+    tensors) keeps one session per group."""
+    from onnxslim_kit.passes.int8.fallback import activations
+
+    if len(groups) == 1 or any(isinstance(v, gs.Graph) for node in model.graph.nodes for v in node.attrs.values()):
+        for group in groups:
+            yield from activations(model, group, samples, threads=threads)
+        return
+    segments = _segments(model, groups)
+    sessions = [None] * len(segments)
+    for sample in samples:
+        live = dict(sample)
+        for g, segment in enumerate(segments):
+            if segment.outputs and sessions[g] is None:
+                sessions[g] = _segment_session(model, segment, live, threads)
+            if segment.outputs:  # (no name holds the run's dict: its tensors go when ``live`` drops them)
+                live.update(run_segment(sessions[g], {n: live[n] for n in segment.inputs}))
+            yield {n: live[n] for n in groups[g]}
+            for name in segment.done:
+                live.pop(name, None)
+
+
+class _Segment:
+    """The nodes after the last segment's, up to the last one its group needs: ``inputs`` read
+    from earlier segments or the graph's inputs, ``outputs`` its group's tensors made here and
+    those later segments read, ``done`` the tensors no later segment reads or returns."""
+
+    def __init__(self):
+        self.inputs, self.outputs, self.done = [], [], []
+
+
+def _segments(model, groups: list) -> list:
+    nodes = model.graph.nodes
+    made = {out.name: i for i, node in enumerate(nodes) for out in node.outputs}
+    ends = [max((made.get(n, -1) for n in group), default=-1) for group in groups]
+    for g in range(1, len(ends)):
+        ends[g] = max(ends[g], ends[g - 1])
+    wanted_by = {n: g for g, group in enumerate(groups) for n in group}
+    segments, start = [], 0
+    for g, end in enumerate(ends):
+        segment = _Segment()
+        inside = nodes[start:end + 1]
+        segment.inputs = sorted({n for n in _reads(inside) if made.get(n, -1) < start})
+        later = set(_reads(nodes[end + 1:])) | {n for n, h in wanted_by.items() if h > g}
+        segment.outputs = sorted(o.name for node in inside for o in node.outputs
+                                 if wanted_by.get(o.name) == g or o.name in later)
+        segment.done = [n for n in segment.inputs + segment.outputs + groups[g] if n not in later]
+        segments.append(segment)
+        start = end + 1
+    return segments
+
+
+def _reads(nodes) -> list:
+    """The names of the variable tensors ``nodes`` read."""
+    return [t.name for node in nodes for t in node.inputs if isinstance(t, gs.Variable) and t.name]
+
+
+def _segment_session(model, segment: _Segment, live: dict, threads: int):
+    """A session of the segment's nodes, its inputs typed by the arrays ``live`` holds."""
+    from onnxslim_kit.passes.int8.fallback import SharedWeights, trial_copy
+    from onnxslim_kit.runtime import add_outputs
+
+    shared = SharedWeights(model.graph)
+    trial = trial_copy(model)
+    tensors = trial.graph.tensors()
+    for name in segment.inputs:
+        tensor = tensors[name]
+        tensor.inputs.clear()  # made by an earlier segment: an input here
+        tensor.dtype, tensor.shape = np.asarray(live[name]).dtype, None
+    trial.graph.inputs = [tensors[n] for n in segment.inputs]
+    trial.graph.outputs = [tensors[n] for n in segment.outputs]
+    trial.graph.cleanup(remove_unused_graph_inputs=False)
+    shared.strip(trial.graph)
+    proto = trial.to_proto()
+    add_outputs(proto, segment.outputs)
+    return shared.session(proto, prepack=False, threads=threads)
+
+
+def run_segment(session, feed: dict) -> dict:
+    from onnxslim_kit.passes.int8.fallback import run
+
+    return run(session, feed)

@@ -37,10 +37,11 @@ Search (each step builds the model with a set of int8 layers and scores it):
    The end-to-end ranking judges on the first ``rank_samples`` held-out samples, with the
    target's metric — but a ``top1`` or ``metric`` target ranks by ``cos`` of the same value:
    one layer alone rarely flips a decision, so agreements tie and cannot rank;
-3. the ladder search of :func:`choose_fallback`: the shallowest level of the ladder
+3. the ladder search of :func:`.ladder.choose_fallback`: the shallowest level of the ladder
    (``int8 → rung₁ → … → float``) that meets the target with every layer at it, then, level
    by level back towards int8, the fewest most sensitive layers that must stay at each
-   level (doubling ``k = 1, 2, 4, …``, then a bisection). Without rungs: the ``k`` most
+   level (doubling ``k = 1, 2, 4, …``, then a bisection; from the top down where the level's
+   base is near the limit, :func:`.ladder.smallest_k`). Without rungs: the ``k`` most
    sensitive layers go float. All layers float is the float model itself (``u = 0``, not
    run), so the search always ends.
 
@@ -76,6 +77,8 @@ the small models' runs are dominated by per-op overhead that more threads only a
 session with more than one thread does not spin (``allow_spinning=0``): on a machine whose
 cores are busy, spinning workers took the cores the run needed (yolov8n_doclaynet at 1024²,
 2 cores under load ≈ 4: 1.61 s a calibration run spinning, 1.14 s not, 0.99 s on one thread).
+Large samples' trials also run with ORT's optimizations on, on its int8 kernels
+(:func:`.kernels.trials_on_kernels`).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
@@ -177,12 +181,13 @@ class SharedWeights:
             self.folder_size = nbytes
         return self.folder.name
 
-    def session(self, proto, prepack: bool = True, threads: int = 1):
+    def session(self, proto, prepack: bool = True, threads: int = 1, opt_level: str = "disable"):
         """A session of ``proto`` (exported after :meth:`strip`) on the arrays themselves.
         ``prepack=False``: ORT keeps no packed copy of the constant float MatMul weights (the
         gated ranking: MiniLM 40 MB less; the same ranking measured on MiniLM). ``threads``: ORT's
         intra-op threads (0: its default, the machine's cores; more than one: no spinning, see
-        the module docstring)."""
+        the module docstring). ``opt_level``: ORT's graph optimizations (``all``: its fused int8
+        kernels, :mod:`.kernels`)."""
         used = []
         for init in proto.graph.initializer:
             entry = self.pending.get(init.name)
@@ -193,7 +198,9 @@ class SharedWeights:
             set_location(init, STAND_IN, 0, entry[0].nbytes)
             used.append(init.name)
         given = {**{n: self.pending[n] for n in used}, **map_anchored(proto, STAND_IN)}  # + weights left on disk
-        so = session_options("disable", threads, prepack)
+        if opt_level != "disable":  # ORT's constant folding reads the stubs' bytes (zeros), not the arrays
+            given = _embedded(proto, given)
+        so = session_options(opt_level, threads, prepack)
         if threads != 1:
             so.add_session_config_entry(SPIN, "0")
         so.enable_cpu_mem_arena = False  # the arena keeps each run's peak for the session's life (MiniLM gated
@@ -207,6 +214,17 @@ class SharedWeights:
         self.pending = {}
         give_back()
         return session
+
+
+def _embedded(proto, given: dict) -> dict:
+    """``proto``'s stubs of the ``given`` arrays filled with their bytes (a copy, in the proto);
+    returns what is left to hand over: nothing."""
+    for init in proto.graph.initializer:
+        if init.name in given:
+            del init.external_data[:]
+            init.data_location = onnx.TensorProto.DEFAULT
+            init.raw_data = np.ascontiguousarray(given[init.name][0]).tobytes()
+    return {}
 
 
 def large_samples(samples: list) -> bool:
@@ -347,8 +365,9 @@ class Scorer:
     """Judges candidate protos on the held-out samples of ``fid`` (a
     :class:`onnxslim_kit.api.Fidelity`): the budget fraction each uses (:class:`Used`)."""
 
-    def __init__(self, fid, shared: SharedWeights | None = None):
+    def __init__(self, fid, shared: SharedWeights | None = None, kernels: bool = False):
         self.fid = fid
+        self.kernels = kernels  # trials run on ORT's fused int8 kernels (optimizations on), not emulated
         self.samples = list(fid.samples)
         self.reference = fid.reference
         self.runtime = fid.runtime
@@ -449,8 +468,9 @@ class Scorer:
         self.builds += 1
         # DynamicQuantizeLinear takes its range over the whole tensor: a batch would change it
         batch = not any(node.op_type in BATCH_COUPLED for node in proto.graph.node)
-        session = (self.shared.session(proto, prepack=False, threads=self.threads) if self.shared is not None
-                   else make_session(proto, threads=self.threads, prepack=False))
+        level = "all" if self.kernels else "disable"
+        session = (self.shared.session(proto, prepack=False, threads=self.threads, opt_level=level)
+                   if self.shared is not None else make_session(proto, level, threads=self.threads, prepack=False))
         try:
             return self.score_session(session, stop_above, batch=batch)
         finally:
@@ -491,110 +511,3 @@ class Scorer:
         """The verdict on the outputs ``got``, one dict per sample (for a bound, the samples
         not run yet completed by the reference itself)."""
         return self.fid.judge(got, reference=self.reference, runtime=self.runtime)
-
-
-def rank_layers(names: list, build_one, rank_score, progress=lambda it, **_: it, local=None,
-                refine: int | None = None, gated=None) -> tuple:
-    """(names most sensitive first, sensitivities): ``local()`` gives local sensitivities
-    (None: every layer alone in int8, ``build_one(name)``, its budget fraction ``rank_score(proto)`` end to
-    end); with ``local`` and ``refine``, the ``refine`` most locally sensitive are re-scored end to end and put first.
-    ``gated(names) -> {name: sensitivity}`` scores many layers from one session (the layers
-    it leaves out get their own build)."""
-    sens = local() if local is not None else {}
-    order = sorted(names, key=lambda n: -sens.get(n, 0.0))
-    todo = names if local is None else order[: refine or 0]
-    e2e = gated(todo) if gated is not None and todo else {}
-    e2e.update({name: float(rank_score(build_one(name)))
-                for name in progress([n for n in todo if n not in e2e], desc="int8 sensitivity")})
-    head = sorted(e2e, key=lambda n: -e2e[n])
-    return head + [n for n in order if n not in e2e], {**sens, **e2e}
-
-
-TIGHT = 0.5  # choose_fallback: a level whose base uses more of the budget tries "all but one" first
-
-
-def smallest_k(m: int, ok, tight: bool = False) -> int:
-    """Smallest ``k`` in 1..m with ``ok(k)`` (``ok`` monotone, ``ok(m)`` true): k = 1, 2, 4, …
-    until it holds, then a bisection between the last two. ``tight`` (``ok(m)`` itself is near
-    the limit, so that few of the m can move): ``k = m − 1`` is tried first, and when it fails
-    the answer is ``m``, found in one trial instead of ``log₂ m`` doublings and a bisection
-    (yolov8n_doclaynet: no layer on the weights rung could go back to static int8, 5 trials → 1)."""
-    if tight and m > 1 and not ok(m - 1):
-        return m
-    k_ok, k_bad, k = None, 0, 1
-    while k_ok is None:
-        k = min(k, m)
-        if k == m or ok(k):
-            k_ok = k
-        else:
-            k_bad, k = k, 2 * k
-    while k_ok - k_bad > 1:
-        mid = (k_ok + k_bad) // 2
-        if ok(mid):
-            k_ok = mid
-        else:
-            k_bad = mid
-    return k_ok
-
-
-def choose_fallback(names: list, build, score, allowed: float, options: dict | None = None,
-                    progress=lambda it, **_: it, log=None, local=None, rank_score=None,
-                    refine: int | None = None, gated=None, ranking: list | None = None) -> tuple:
-    """The smallest fallback (most sensitive layers first, deepest first) that uses at most
-    ``allowed`` of the budget.
-
-    ``options``: ``{layer: [rung, …]}``, the fallback rungs of each layer between static int8
-    and float, in order (default none: int8 or float). A layer at *level* ``d`` takes its
-    ``d``-th choice of ``["int8", *rungs, "float"]`` (clipped at float). ``build(assign) ->
-    proto`` with ``assign = {layer: choice}`` (missing: float); ``score(proto, stop_above)``
-    the budget fraction it uses (see :class:`Scorer`). Over the ranking of :func:`rank_layers`:
-
-    1. ``d``: the smallest level that meets the target with *every* layer at it (every layer
-       float uses nothing: not run);
-    2. for ``level = d, d − 1, …, 1``: the layers not yet fixed are at ``level``; the smallest
-       ``j`` such that the ``j`` most sensitive of them stay there and the others move one
-       level up (towards int8) still meets the target; those ``j`` are fixed.
-
-    Without rungs this is the plain search for the ``k`` most sensitive layers to keep float.
-    Returns (``{layer: choice}``, its score — what ``score`` returned, 0.0 when every layer is
-    float —, sensitivities). ``ranking``: kept for a search at another allowance (:mod:`.kernels`).
-    """
-    rank_score = rank_score or score
-    choices = {n: ["int8", *[r for r in (options or {}).get(n, ()) if r != "float"], "float"] for n in names}
-    n = len(names)
-    full = score(build({name: "int8" for name in names}), allowed)
-    if full <= allowed:
-        return {name: "int8" for name in names}, full, {}
-    ranking = [] if ranking is None else ranking  # [order, sens]: ranked once, then reused
-    order, sens = ranking[:] = ranking or rank_layers(names, lambda name: build({name: "int8"}), rank_score,
-                                                       progress, local, refine, gated)
-    cache = {}
-
-    def assign(levels) -> dict:
-        return {name: choices[name][min(lv, len(choices[name]) - 1)] for name, lv in zip(order, levels)}
-
-    def value(levels):
-        key = tuple(levels)
-        if key not in cache:
-            chosen = assign(levels)
-            cache[key] = 0.0 if all(c == "float" for c in chosen.values()) else score(build(chosen), allowed)
-        return cache[key]
-
-    depth = max(len(c) for c in choices.values()) - 1
-    d = next(lv for lv in range(1, depth + 1) if lv == depth or value([lv] * n) <= allowed)
-    levels, start = [d] * n, 0
-    for level in range(d, 0, -1):
-        def trial(j, level=level, start=start, fixed=tuple(levels)):
-            return list(fixed[:start + j]) + [level - 1] * (n - start - j)
-        if level < d and value(trial(0)) <= allowed:
-            j = 0
-        else:
-            tight = value(list(levels)) > TIGHT * allowed  # the level's base: known, not run again
-            j = smallest_k(n - start, lambda j, trial=trial: value(trial(j)) <= allowed, tight) if start < n else 0
-        levels, start = trial(j), start + j
-    chosen = assign(levels)
-    if log:
-        moved = sum(c != "int8" for c in chosen.values())
-        log(f"int8: {moved} of {n} layers off static int8 for the target "
-            f"({sum(c == 'float' for c in chosen.values())} float)")
-    return chosen, value(levels), sens

@@ -472,7 +472,7 @@ def test_bad_ladder_is_a_user_error():
 
 
 def test_choose_fallback_ladder_search():
-    from onnxslim_kit.passes.int8.fallback import choose_fallback
+    from onnxslim_kit.passes.int8.ladder import choose_fallback
 
     # 6 layers; a layer costs `cost` in static int8, 0.3 on rung r1 (a, b, c, d have it), 0.05 on
     # r2 (only a), 0 float; the score (budget used) is the total cost

@@ -21,6 +21,9 @@ def _used(value: float) -> Used:
     return Used.of(_Verdict(value))
 
 
+EMULATED = SimpleNamespace(kernels=False)  # a scorer whose trials ran Q/DQ emulation
+
+
 @pytest.fixture
 def no_export(monkeypatch):
     monkeypatch.setattr(kernels, "layer_weight_bytes", lambda *_: 0)
@@ -30,7 +33,7 @@ def test_a_choice_the_kernels_keep_within_the_budget_stands(monkeypatch, no_expo
     monkeypatch.setattr(kernels, "kernel_score", lambda *_: _used(0.9))
     result = SimpleNamespace(notes=[], metrics={})
     searched = []
-    chosen, score = kernels.on_kernels(None, None, {"a": "int8", "b": "float"}, _used(0.8), {}, None,
+    chosen, score = kernels.on_kernels(None, None, {"a": "int8", "b": "float"}, _used(0.8), {}, EMULATED,
                                        SimpleNamespace(allowed=1.0), result, searched.append)
     assert chosen == {"a": "int8", "b": "float"} and float(score) == 0.9 and not searched
     assert result.metrics["budget_used_kernels"] == 0.9
@@ -47,7 +50,7 @@ def test_a_choice_the_kernels_take_over_the_budget_is_searched_again_with_the_ga
         return {"a": "float", "b": "int8"}, _used(0.6), None
 
     result = SimpleNamespace(notes=[], metrics={})
-    chosen, score = kernels.on_kernels(None, None, {"a": "int8", "b": "int8"}, _used(0.9), {}, None,
+    chosen, score = kernels.on_kernels(None, None, {"a": "int8", "b": "int8"}, _used(0.9), {}, EMULATED,
                                        SimpleNamespace(allowed=1.0), result, search)
     assert asked == [pytest.approx(0.8)]  # 1.0 − (1.1 − 0.9)
     assert chosen == {"a": "float", "b": "int8"} and float(score) == 0.7
@@ -57,9 +60,18 @@ def test_a_choice_the_kernels_take_over_the_budget_is_searched_again_with_the_ga
 def test_a_gap_as_large_as_the_budget_leaves_every_layer_float(monkeypatch, no_export):
     monkeypatch.setattr(kernels, "kernel_score", lambda *_: _used(2.5))
     result = SimpleNamespace(notes=[], metrics={})
-    chosen, _ = kernels.on_kernels(None, None, {"a": "int8"}, _used(0.5), {}, None, SimpleNamespace(allowed=1.0),
+    chosen, _ = kernels.on_kernels(None, None, {"a": "int8"}, _used(0.5), {}, EMULATED, SimpleNamespace(allowed=1.0),
                                    result, lambda allowed: pytest.fail("no search below a zero allowance"))
     assert chosen == {"a": "float"}
+
+
+def test_trials_that_ran_the_kernels_are_not_judged_again(monkeypatch):
+    monkeypatch.setattr(kernels, "kernel_score", lambda *_: pytest.fail("the trials ran the kernels already"))
+    result = SimpleNamespace(notes=[], metrics={})
+    chosen, score = kernels.on_kernels(None, None, {"a": "int8"}, _used(0.7), {}, SimpleNamespace(kernels=True),
+                                       SimpleNamespace(allowed=1.0), result, lambda allowed: pytest.fail("no search"))
+    assert chosen == {"a": "int8"} and float(score) == 0.7 and result.metrics["budget_used_kernels"] == 0.7
+    assert result.notes == ["judged on ORT's int8 kernels: 70% of the budget (the search's trials ran them)"]
 
 
 def test_the_pass_reports_what_the_verification_measures():

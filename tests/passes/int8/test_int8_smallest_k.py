@@ -2,7 +2,7 @@
 
 import pytest
 
-from onnxslim_kit.passes.int8.fallback import smallest_k
+from onnxslim_kit.passes.int8.ladder import smallest_k
 
 
 def counting(answer: int):
@@ -27,8 +27,12 @@ def test_doubling_then_bisection():
     assert smallest_k(60, ok) == 12 and asked == [1, 2, 4, 8, 16, 12, 10, 11]
 
 
-def test_a_tight_base_tries_all_but_one_first():
+def test_a_tight_base_searches_from_the_top():
     ok, asked = counting(30)
     assert smallest_k(30, ok, tight=True) == 30 and asked == [29]  # no layer can move: one trial
-    ok, asked = counting(3)
-    assert smallest_k(30, ok, tight=True) == 3 and asked == [29, 1, 2, 4, 3]  # one trial more
+    ok, asked = counting(29)
+    assert smallest_k(30, ok, tight=True) == 29 and asked == [29, 28]  # one can: two trials
+    ok, asked = counting(21)
+    assert smallest_k(30, ok, tight=True) == 21 and asked == [29, 28, 26, 22, 14, 18, 20, 21]
+    ok, asked = counting(1)
+    assert smallest_k(30, ok, tight=True) == 1 and asked == [29, 28, 26, 22, 14, 1]
