@@ -85,25 +85,28 @@ def _inferred(model: onnx.ModelProto, input_shapes: dict | None) -> onnx.ModelPr
         return None
 
 
-def _measured(proto: onnx.ModelProto, graph: onnx.GraphProto, feed: dict) -> dict | None:
+def _measured(proto: onnx.ModelProto, graph: onnx.GraphProto, feed: dict, arrays: dict | None = None) -> dict | None:
     """``{name: shape}`` of the main-graph tensors counted nodes need and inference left open,
-    from one ORT run of ``proto`` on ``feed`` (None when ORT cannot run it)."""
+    from one ORT run of ``proto`` on ``feed`` (None when ORT cannot run it); ``arrays``: the
+    values of its in-memory stubs (:meth:`.model.Model.session_proto`)."""
     try:
-        measured = next(iter_activations(proto, _unknown_tensors(graph), [feed]))
+        measured = next(iter_activations(proto, _unknown_tensors(graph), [feed], arrays=arrays))
     except Exception:  # noqa: BLE001 - ORT may not run it; keep the inferred count
         return None
     return {k: list(v.shape) for k, v in measured.items()}
 
 
-def main_shapes(proto: onnx.ModelProto, input_shapes: dict | None = None, feed: dict | None = None) -> dict:
+def main_shapes(proto: onnx.ModelProto, input_shapes: dict | None = None, feed: dict | None = None,
+                arrays: dict | None = None) -> dict:
     """``{name: shape}`` of ``proto``'s main-graph tensors whose shapes are known: inferred at
-    ``input_shapes``, and with ``feed`` those counted nodes need measured by one run."""
+    ``input_shapes``, and with ``feed`` those counted nodes need measured by one run
+    (``arrays``: as :func:`_measured`)."""
     model = inferred(proto, input_shapes)
     if model is None:
         return {}
     shapes = graph_shapes(model.graph, {})
     if feed is not None and _unknown_tensors(model.graph):
-        shapes.update(_measured(proto, model.graph, feed) or {})
+        shapes.update(_measured(proto, model.graph, feed, arrays) or {})
     return shapes
 
 

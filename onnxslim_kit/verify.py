@@ -54,8 +54,9 @@ from .runtime import give_back, make_session, run, weight_decoders
 from .streaming import checker_view
 
 
-def checker_error(proto: onnx.ModelProto) -> str | None:
-    """The checker's complaint about ``proto`` (None when it passes).
+def checker_error(proto: onnx.ModelProto, full_check: bool = True) -> str | None:
+    """The checker's complaint about ``proto`` (None when it passes); ``full_check``: with its
+    strict shape inference.
 
     It checks a weightless view (:func:`.streaming.checker_view`): the checker serializes and
     parses what it is given, which for the whole model would be two transient copies."""
@@ -66,7 +67,7 @@ def checker_error(proto: onnx.ModelProto) -> str | None:
         try:
             view = checker_view(proto, folder)
             os.chdir(folder)  # the checker resolves external data against the working folder
-            onnx.checker.check_model(view, full_check=True)
+            onnx.checker.check_model(view, full_check=full_check)
         except Exception as exc:  # noqa: BLE001 - the checker raises several types
             return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         finally:

@@ -99,7 +99,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxslim_kit.model import Model
 from onnxslim_kit.api import Option, Pass, PassResult, pass_fidelity, register_pass
 from onnxslim_kit.selection import SYNTAX, Selector
 
@@ -363,11 +362,11 @@ class Int8Pass(Pass):
             return per_channel
         if not per_channel and model.opset >= 10:
             return False
-        upgraded = upgrade_opset(model.to_proto(), 13)
+        upgraded = upgrade_opset(model, 13)
         if upgraded is not None:
             result.notes.append(f"opset {model.opset} upgraded to 13 for per-channel DequantizeLinear")
             result.rewrite("opset→13")
-            model.graph = Model.from_proto(upgraded).graph
+            model.graph = upgraded
             model.commit()
             return per_channel
         if model.opset >= 10:

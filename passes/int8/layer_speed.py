@@ -422,9 +422,10 @@ def sample_shapes(model, sample: dict, from_graph: bool, measure: bool = True) -
 
     if from_graph:
         return _graph_shapes(model.graph, sample)
-    proto = model.to_proto()
+    proto, arrays = model.session_proto()  # the weights stay where they are (a whole export: ddddocr +180 MB)
     del proto.graph.value_info[:]  # the committed shapes hold -1 / symbolic dims: inferred again at the sample's
-    return main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=sample if measure else None)
+    return main_shapes(proto, {k: list(np.shape(v)) for k, v in sample.items()}, feed=sample if measure else None,
+                       arrays=arrays)
 
 
 def _graph_shapes(graph, sample: dict) -> dict:
