@@ -20,8 +20,9 @@ Steps and their bounds:
    (:mod:`.memory`), through the same cache;
 6. ``profile=True`` (``--html``): the original and the chosen model are profiled by ORT
    (:mod:`.profile`, latency by op type), through the same cache;
-7. goal latency: a choice other than ``fuse`` is timed once more against ``fuse`` and kept only
-   when that second run confirms it (:mod:`.confirm`);
+7. goal latency: a choice other than ``fuse`` is timed once more against ``fuse`` and the
+   feasible pipelines it extends, and kept only when that second run confirms it (else the
+   simplest of them within 2 % of the fastest, :mod:`.confirm`);
 8. a per-layer mix (:mod:`.mix`): when ``fuse,dynamic`` was tried and misses the target, the
    MatMul/Gemm layers are ordered by an estimate of their dynamic-int8 error and a binary search
    (at most ⌈log₂ N⌉ more optimize runs) finds the fewest to keep float so that the target holds;
@@ -174,8 +175,10 @@ def plan(model, *, calib=None, eval_data=None, target=None, goal: str = "latency
         if goal == "latency":
             fuse = candidates[0]
             confirmation = confirm.confirm(model, chosen, fuse, samples, machine, cache, file_sha256(model),
-                                           {"runs": runs, "warmup": warmup, "progress": progress}, executor)
-            chosen = chosen if confirmation is None or confirmation["kept"] else fuse
+                                           {"runs": runs, "warmup": warmup, "progress": progress}, executor,
+                                           candidates)
+            if confirmation is not None and not confirmation["kept"]:
+                chosen = next(c for c in candidates if c.pipeline == confirmation["instead"])
     profiles = {}
     if profile:
         profiles = {"original": op_profile.cached_latency(model, file_sha256(model), samples, machine, cache),

@@ -66,7 +66,45 @@ def test_a_failed_second_run_is_not_a_confirmation():
             return [{}, {"latency_ratio_vs_first": 0.9}, {"error": "session failed", "latency_ratio_vs_first": None}]
 
     record = _confirm(Failing(0.9, 0.8), TimingCache(), _candidate("fuse,fp16"), _candidate("fuse"))
-    assert record == {"pipeline": "fuse,fp16", "error": "session failed", "kept": False}
+    assert record == {"pipeline": "fuse,fp16", "error": "session failed", "kept": False, "instead": "fuse"}
+
+
+class ChainExecutor:
+    """Returns the given second-run ratios, one per model after the original."""
+
+    def __init__(self, ratios):
+        self.ratios, self.names = ratios, []
+
+    def bench(self, model, protos, names, samples, machine, timing):
+        self.names.append(list(names))
+        assert len(protos) == len(self.ratios)
+        return [{"latency_ratio_vs_first": 1.0}] + [{"latency_ratio_vs_first": r} for r in self.ratios]
+
+
+def test_a_pass_that_does_not_pay_for_itself_in_the_second_run_gives_way_to_the_pipeline_it_extends():
+    fuse, prune, int8, chosen = (_candidate(p) for p in ("fuse", "fuse,prune", "fuse,int8", "fuse,prune,int8"))
+    executor = ChainExecutor([0.90, 0.55, 0.545])  # int8 after prune: 1 % faster, within the noise
+    record = confirm("m.onnx", chosen, fuse, [], MACHINE, TimingCache(), "orig", {"runs": 3}, executor,
+                     [fuse, int8, prune, chosen])
+    assert executor.names == [["fuse", "fuse,prune", "fuse,prune,int8"]]  # fuse,int8 is no prefix
+    assert not record["kept"] and record["instead"] == "fuse,prune"
+    assert "fuse,prune chosen" in line(record) and "fuse,prune 0.611×" in line(record)
+    record = confirm("m.onnx", chosen, fuse, [], MACHINE, TimingCache(), "orig", {"runs": 3},
+                     ChainExecutor([0.90, 0.55, 0.53]), [fuse, int8, prune, chosen])
+    assert record["kept"] and record["instead"] == "fuse,prune,int8"  # 3.6 % faster: it pays
+
+
+def test_a_prefix_is_a_pass_list_with_the_same_options_and_a_cached_chain_must_match():
+    fuse, chosen = _candidate("fuse"), _candidate("fuse,prune,int8")
+    other = _candidate("fuse,prune(ratio=0.3)")
+    cache, executor = TimingCache(), ChainExecutor([0.90, 0.50])
+    assert confirm("m.onnx", chosen, fuse, [], MACHINE, cache, "orig", {}, executor, [fuse, other, chosen])["kept"]
+    assert executor.names == [["fuse", "fuse,prune,int8"]]
+    prune = _candidate("fuse,prune")
+    executor = ChainExecutor([0.90, 0.50, 0.50])
+    again = confirm("m.onnx", chosen, fuse, [], MACHINE, cache, "orig", {}, executor, [fuse, prune, chosen])
+    assert not again["cached"] and again["instead"] == "fuse,prune"  # another chain: timed again
+    assert confirm("m.onnx", chosen, fuse, [], MACHINE, cache, "orig", {}, executor, [fuse, prune, chosen])["cached"]
 
 
 def _weights_model(values, raw: bool) -> onnx.ModelProto:
