@@ -20,9 +20,9 @@ Steps and their bounds:
    (:mod:`.memory`), through the same cache;
 6. ``profile=True`` (``--html``): the original and the chosen model are profiled by ORT
    (:mod:`.profile`, latency by op type), through the same cache;
-7. goal latency: a choice other than ``fuse`` is timed once more against ``fuse`` and the
-   feasible pipelines it extends, and kept only when that second run confirms it (else the
-   simplest of them within 2 % of the fastest, :mod:`.confirm`);
+7. goal latency: a choice other than ``fuse`` is timed once more with ``fuse`` and the
+   candidates near it; the fastest over both runs is chosen, and kept only when the second
+   run puts it 2 % ahead of ``fuse`` (:mod:`.confirm`);
 8. a per-layer mix (:mod:`.mix`): when ``fuse,dynamic`` was tried and misses the target, the
    MatMul/Gemm layers are ordered by an estimate of their dynamic-int8 error and a binary search
    (at most ⌈log₂ N⌉ more optimize runs) finds the fewest to keep float so that the target holds;

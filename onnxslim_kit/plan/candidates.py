@@ -39,13 +39,6 @@ def pipelines_for(goal: str) -> tuple:
     return SIZE_PIPELINES if goal == "size" else LATENCY_PIPELINES
 
 
-def passes_of(pipeline: str) -> list:
-    """``pipeline``'s passes as ``(name, options)``, to compare pipelines pass by pass."""
-    from ..pipeline import parse_pass_list
-
-    return [(spec.name, tuple(sorted(spec.options.items()))) for spec in parse_pass_list(pipeline)]
-
-
 def _split_pipelines(text: str) -> list:
     """``text`` split at the ``;`` outside parentheses (a selector option may hold ``;``)."""
     pieces, depth, start = [], 0, 0

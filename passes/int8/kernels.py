@@ -25,8 +25,8 @@ Where a run costs far more than building a session — samples over ``BATCH_BYTE
 :data:`TRIAL_KERNELS_MAX_BYTES` of layer weights — the trials themselves run with ORT's
 optimizations on (:func:`trials_on_kernels`), so the search judges what deployments run and
 the check above is its own last trial. It is faster too: yolov8n_doclaynet at 1024², 2 threads,
-every Conv static int8 276 → 128 ms a run, the weights rung's choice 188 → 116 ms; the pass 55 →
-≈ 45 s, the same layers chosen. Their protos carry the weights' bytes (ORT's constant folding
+every Conv static int8 276 → 128 ms a run, the weights rung's choice 188 → 116 ms; its search
+29 → 14 s, the same layers chosen. Their protos carry the weights' bytes (ORT's constant folding
 of a weight's DequantizeLinear / the weights rung's Cast → Mul reads the proto, not an array
 handed over, :meth:`.fallback.SharedWeights.session`). Small samples stay emulated: a session
 with optimizations costs more to build than their runs cost (MiniLM: 8.1 → 10.3 s, +100 MB;
