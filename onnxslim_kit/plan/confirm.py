@@ -66,32 +66,43 @@ def confirm(model, chosen, fuse, samples, machine, cache, reference_sha: str, ti
     group = contenders(chosen, candidates or [chosen])
     members = {c.pipeline: c.sha256 for c in group if c is not chosen}
     found = cache.get(chosen.sha256, machine, reference_sha, measure=MEASURE)
-    if found is not None and found.get("fuse_sha256") == fuse.sha256 and found.get("contenders", {}) == members:
+    cached = found is not None and found.get("fuse_sha256") == fuse.sha256 and found.get("contenders", {}) == members
+    if cached:
         ratios = found.get("ratios") or {"fuse": found["fuse_ratio"], chosen.pipeline: found["ratio"]}
-        cached = True
     else:
-        rows = executor.bench(model, [fuse.proto] + [c.proto for c in group], ["fuse"] + [c.pipeline for c in group],
-                              samples, machine, timing)
-        got = [row.get("latency_ratio_vs_first") for row in rows[1:]]
-        if len(got) != len(group) + 1 or any(r is None or row.get("error") for r, row in zip(got, rows[1:])):
-            error = next((row.get("error") for row in rows[1:] if row.get("error")), None) or "not timed"
-            return {"pipeline": chosen.pipeline, "error": error, "kept": False, "instead": "fuse"}
-        ratios = dict(zip(["fuse"] + [c.pipeline for c in group], got))
+        ratios = _second_run(model, group, fuse, samples, machine, timing, executor)
+        if "error" in ratios:
+            return {"pipeline": chosen.pipeline, "error": ratios["error"], "kept": False, "instead": "fuse"}
         cache.put(chosen.sha256, machine, reference_sha,
                   {"ratio": ratios[chosen.pipeline], "fuse_ratio": ratios["fuse"],
                    "ratio_vs_fuse": ratios[chosen.pipeline] / ratios["fuse"], "fuse_sha256": fuse.sha256,
                    "contenders": members, "ratios": ratios}, measure=MEASURE)
-        cached = False
+    pooled, instead = _decide(group, ratios)
+    return {"pipeline": chosen.pipeline, "ratio": ratios[chosen.pipeline], "fuse_ratio": ratios["fuse"],
+            "ratio_vs_fuse": ratios[chosen.pipeline] / ratios["fuse"], "ratios": ratios, "pooled": pooled,
+            "cached": cached, "kept": instead == chosen.pipeline, "instead": instead}
+
+
+def _second_run(model, group: list, fuse, samples, machine, timing: dict, executor) -> dict:
+    """``{pipeline: r₂}`` of ``fuse`` and the contenders from one interleaved benchmark, or
+    ``{"error": line}`` when a model failed to run."""
+    rows = executor.bench(model, [fuse.proto] + [c.proto for c in group], ["fuse"] + [c.pipeline for c in group],
+                          samples, machine, timing)
+    got = [row.get("latency_ratio_vs_first") for row in rows[1:]]
+    if len(got) != len(group) + 1 or any(r is None or row.get("error") for r, row in zip(got, rows[1:])):
+        return {"error": next((row.get("error") for row in rows[1:] if row.get("error")), None) or "not timed"}
+    return dict(zip(["fuse"] + [c.pipeline for c in group], got))
+
+
+def _decide(group: list, ratios: dict) -> tuple:
+    """(pooled ratio of each contender, the pipeline chosen): the module docstring's rule."""
     pooled = {c.pipeline: math.sqrt(c.timing["ratio"] * ratios[c.pipeline]) if (c.timing or {}).get("ratio")
               else ratios[c.pipeline] for c in group}
     best = min(pooled.values())
     order = {c.pipeline: i for i, c in enumerate(group)}
     sizes = {c.pipeline: c.size_bytes or 0 for c in group}
     pick = min((p for p in pooled if pooled[p] <= best * (1 + TIE)), key=lambda p: (sizes[p], pooled[p], order[p]))
-    instead = pick if ratios[pick] / ratios["fuse"] <= KEEP else "fuse"
-    return {"pipeline": chosen.pipeline, "ratio": ratios[chosen.pipeline], "fuse_ratio": ratios["fuse"],
-            "ratio_vs_fuse": ratios[chosen.pipeline] / ratios["fuse"], "ratios": ratios, "pooled": pooled,
-            "cached": cached, "kept": instead == chosen.pipeline, "instead": instead}
+    return pooled, pick if ratios[pick] / ratios["fuse"] <= KEEP else "fuse"
 
 
 def line(record: dict | None) -> str:
