@@ -111,6 +111,30 @@ def judge(views: Views, reference: list, candidate: list, target: Target, runtim
     return verdict
 
 
+def drift_scores(views: Views, reference: list, candidate: list, runtime: list | None = None) -> list:
+    """Each view's worst cosine and relative error over the samples, as :func:`judge` scores
+    them, without its decisions and margin estimates (a trial's bound after each sample reads
+    these only; the CTC judge decodes every sequence and re-rates the margin pool)."""
+    scores = []
+    for view in views:
+        layout = ctc_layout([out.get(view.output) for out in reference]) if view.ctc else None
+        view = view if layout is not None else _as_logits(view, reference)
+        if layout is None and view.kind == "exact":
+            continue
+        cosines, rels = [], []
+        for i, (ref_out, got_out) in enumerate(zip(reference, candidate)):
+            ref, got = ref_out[view.output], got_out.get(view.output)
+            if got is not None and layout is None and np.shape(got) == np.shape(ref):
+                ref, got, _ = _part(view, views, ref, got, runtime[i] if runtime else None)
+            if got is None or np.shape(got) != np.shape(ref):
+                cosines.append(0.0), rels.append(math.inf)
+                continue
+            cos, rel = _float_drift(np.asarray(ref), np.asarray(got))
+            cosines.append(cos), rels.append(rel)
+        scores.append(ViewScore(view.name, view.kind, cosine=min(cosines, default=1.0), rel=max(rels, default=0.0)))
+    return scores
+
+
 FOREGROUND_MIN_ROWS = 8  # softmax rows per sample from which the most frequent class is background
 
 

@@ -104,6 +104,7 @@ from onnxslim_kit.runtime import (
     session_options,
 )
 from onnxslim_kit.runtime import run as run_once
+from onnxslim_kit.fidelity.judge import drift_scores
 from onnxslim_kit.streaming import set_location
 
 from onnxslim_kit.passes._quant.smooth import is_lazy
@@ -498,9 +499,8 @@ class Scorer:
     def _bound(self, worst: dict, outputs: dict, i: int) -> float:
         """The budget fraction the worst cosine and relative error seen so far use (``worst``:
         metric → loss, updated with sample ``i``): a lower bound of the final one."""
-        one = self.fid.judge([outputs], reference=[self.reference[i]],
-                             runtime=[self.runtime[i]] if self.runtime is not None else None)
-        for score in one.scores:
+        for score in drift_scores(self.fid.views, [self.reference[i]], [outputs],
+                                  [self.runtime[i]] if self.runtime is not None else None):
             if score.cosine is not None:
                 worst["cos"] = max(worst.get("cos", 0.0), 1.0 - score.cosine)
             if score.rel is not None:

@@ -269,3 +269,23 @@ def test_raw_logits_are_judged_by_their_arg_max_and_their_margins():
     # margins of the logits as they are: 5.0 − 4.9, not log 5.0 − log 4.9
     assert score.min_margin == pytest.approx(0.1, abs=1e-5) and score.margin_shift == pytest.approx(0.2, abs=1e-5)
     assert not fid.met(verdict) and "logits agreement" in verdict.binding
+
+
+def test_the_drift_scores_are_the_judges_cosines_and_errors():
+    """A trial's bound after each sample reads :func:`drift_scores`: the same figures as the
+    full judge, per view (a branch of a concatenated head included)."""
+    from onnxslim_kit.fidelity.judge import drift_scores
+
+    rng = np.random.default_rng(1)
+    views = find_views(_model(YOLO))
+    samples = [_yolo_outputs(rng, 0.2) for _ in range(3)]
+    refs, gots, runtimes = ([s[k] for s in samples] for k in range(3))
+    gots[1] = {}  # a sample without the output: the worst
+    verdict = judge(views, refs, gots, Target.parse("cos:0.99"), runtimes)
+    drift = drift_scores(views, refs, gots, runtimes)
+    assert [(d.view, d.cosine, d.rel) for d in drift] == [(s.view, s.cosine, s.rel) for s in verdict.scores]
+    assert drift[0].cosine == 0.0 and drift[0].rel == math.inf
+    one = drift_scores(views, refs[:1], gots[:1], runtimes[:1])
+    assert one[1].cosine < 0.99 and one[0].cosine == pytest.approx(1.0)
+    short = drift_scores(views, refs[:1], [{"out": gots[0]["out"][:, :8]}], runtimes[:1])
+    assert [(d.cosine, d.rel) for d in short] == [(0.0, math.inf)] * 2  # another shape: the worst
