@@ -177,7 +177,10 @@ def dequantize_constant(model, graph: gs.Graph, values_q: np.ndarray, scale: np.
     for the biases, 4 KB more for the Conv weights). MatMul / Gemm weights keep theirs, even
     when it is 0: without it ONNX Runtime 1.32 does not fuse DQ → Gemm → Q into QGemm
     (test_int8)."""
-    q = new_constant(model, f"int8/{base}_q", values_q)
+    # an encoding kept as a read-only scratch map (.resident) is shared, not copied: the
+    # readers of one weight (captcha_crnn's 40 recurrent Gemms) would each hold a copy (+143 MB)
+    q = (gs.Constant(model.fresh_name(f"int8/{base}_q"), values_q) if isinstance(values_q, np.memmap)
+         else new_constant(model, f"int8/{base}_q", values_q))
     s = new_constant(model, f"int8/{base}_scale", np.asarray(scale, dtype=np.float32))
     if zero is None and (values_q.dtype == np.int32 or not zero_point):
         inputs = [q, s]
