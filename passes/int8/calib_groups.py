@@ -68,10 +68,12 @@ def group_activations(model, groups: list, samples, threads: int = 0):
     outputs at a time; the tensors carried to later segments are dropped when no later one
     reads them. Sessions run node by node (``opt_level=disable``), so each tensor has the
     values the whole graph gives it. A graph with subgraphs (whose bodies may read outer
-    tensors) keeps one session per group."""
+    tensors) or non-tensor values (a sequence crossing a cut has no tensor type to declare)
+    keeps one session per group."""
     from onnxslim_kit.passes.int8.fallback import activations
 
-    if len(groups) == 1 or any(isinstance(v, gs.Graph) for node in model.graph.nodes for v in node.attrs.values()):
+    if len(groups) == 1 or getattr(model, "value_types", None) or any(
+            isinstance(v, gs.Graph) for node in model.graph.nodes for v in node.attrs.values()):
         for group in groups:
             yield from activations(model, group, samples, threads=threads)
         return
