@@ -58,7 +58,8 @@ Steps:
    (:func:`.ladder.choose_fallback`). Layers off static int8 read their float
    input; smoothed layers on ``weights`` or float get their original input and weight back.
    The trials run the Q/DQ graph as float emulation; the chosen configuration is judged again
-   on ORT's fused int8 kernels, and searched once more when those miss (:mod:`.kernels`).
+   on ORT's fused int8 kernels, and searched once more when those miss — for large inputs the
+   trials run on those kernels themselves (:mod:`.kernels`).
    Measured (2026-11-29, s2): PP-OCRv4 det 10 float layers (0.54× the fp32 file) → 11 on
    ``weights`` (0.30×), held-out worst cosine 0.9949 → 0.9935, latency not worse. The
    report: ``target``, ``budget_used`` / ``budget_allowed`` (fractions of the target's loss

@@ -70,7 +70,7 @@ def group_activations(model, groups: list, samples, threads: int = 0):
     values the whole graph gives it. A graph with subgraphs (whose bodies may read outer
     tensors) or non-tensor values (a sequence crossing a cut has no tensor type to declare)
     keeps one session per group."""
-    from onnxslim_kit.passes.int8.fallback import activations
+    from onnxslim_kit.passes.int8.fallback import SharedWeights, activations, run
 
     if len(groups) == 1 or getattr(model, "value_types", None) or any(
             isinstance(v, gs.Graph) for node in model.graph.nodes for v in node.attrs.values()):
@@ -78,14 +78,14 @@ def group_activations(model, groups: list, samples, threads: int = 0):
             yield from activations(model, group, samples, threads=threads)
         return
     segments = _segments(model, groups)
-    sessions = [None] * len(segments)
+    sessions, shared = [None] * len(segments), SharedWeights(model.graph)  # the weights' OrtValues, made once
     for sample in samples:
         live = dict(sample)
         for g, segment in enumerate(segments):
             if segment.outputs and sessions[g] is None:
-                sessions[g] = _segment_session(model, segment, live, threads)
+                sessions[g] = _segment_session(model, shared, segment, live, threads)
             if segment.outputs:  # (no name holds the run's dict: its tensors go when ``live`` drops them)
-                live.update(run_segment(sessions[g], {n: live[n] for n in segment.inputs}))
+                live.update(run(sessions[g], {n: live[n] for n in segment.inputs}))
             yield {n: live[n] for n in groups[g]}
             for name in segment.done:
                 live.pop(name, None)
@@ -126,12 +126,12 @@ def _reads(nodes) -> list:
     return [t.name for node in nodes for t in node.inputs if isinstance(t, gs.Variable) and t.name]
 
 
-def _segment_session(model, segment: _Segment, live: dict, threads: int):
-    """A session of the segment's nodes, its inputs typed by the arrays ``live`` holds."""
-    from onnxslim_kit.passes.int8.fallback import SharedWeights, trial_copy
+def _segment_session(model, shared, segment: _Segment, live: dict, threads: int):
+    """A session of the segment's nodes on ``shared``'s weights (:class:`.fallback.SharedWeights`),
+    its inputs typed by the arrays ``live`` holds."""
+    from onnxslim_kit.passes.int8.fallback import trial_copy
     from onnxslim_kit.runtime import add_outputs
 
-    shared = SharedWeights(model.graph)
     trial = trial_copy(model)
     tensors = trial.graph.tensors()
     for name in segment.inputs:
@@ -146,8 +146,3 @@ def _segment_session(model, segment: _Segment, live: dict, threads: int):
     add_outputs(proto, segment.outputs)
     return shared.session(proto, prepack=False, threads=threads)
 
-
-def run_segment(session, feed: dict) -> dict:
-    from onnxslim_kit.passes.int8.fallback import run
-
-    return run(session, feed)

@@ -200,7 +200,8 @@ class SharedWeights:
             used.append(init.name)
         given = {**{n: self.pending[n] for n in used}, **map_anchored(proto, STAND_IN)}  # + weights left on disk
         if opt_level != "disable":  # ORT's constant folding reads the stubs' bytes (zeros), not the arrays
-            given = _embedded(proto, given)
+            _embed(proto, given)
+            given = {}
         so = session_options(opt_level, threads, prepack)
         if threads != 1:
             so.add_session_config_entry(SPIN, "0")
@@ -217,9 +218,9 @@ class SharedWeights:
         return session
 
 
-def _embedded(proto, given: dict) -> dict:
-    """``proto``'s stubs of the ``given`` arrays filled with their bytes (a copy, in the proto);
-    returns what is left to hand over: nothing."""
+def _embed(proto, given: dict) -> None:
+    """Fill ``proto``'s stubs of the ``given`` arrays (name → (array, OrtValue)) with their bytes
+    (a copy, in the proto)."""
     for init in proto.graph.initializer:
         if init.name in given:
             del init.external_data[:]
